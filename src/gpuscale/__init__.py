@@ -1,0 +1,3 @@
+"""gpuscale: dynamic GPU node allocation for Kubernetes."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,258 @@
+"""Immutable domain model of the decision core.
+
+Units, everywhere in the core:
+  * CPU in millicores (``cpu_milli``), memory in MiB (``memory_mib``);
+  * whole GPUs as a count (``gpus``);
+  * a *fraction* of one physical GPU as milli-GPU (``gpu_milli``, 1..999). See :mod:`gpuscale.core.resources`
+    for the one place where the fractional-GPU convention is defined.
+
+Everything here is a frozen dataclass built by the adapters (manifest parser, catalog loaders, trace loaders, the
+simulator) and read by the pure planning functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gpuscale.core.resources import Request, Resources
+
+
+class TaintEffect(StrEnum):
+    """Kubernetes taint effects."""
+
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    """A node taint (``key=value:effect``)."""
+
+    key: str
+    effect: TaintEffect
+    value: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """A pod toleration. ``operator`` is ``Equal`` or ``Exists``; ``effect`` None matches every effect."""
+
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: TaintEffect | None = None
+
+
+class SelectorOperator(StrEnum):
+    """Node selector requirement operators (required node affinity)."""
+
+    IN = "In"
+    NOT_IN = "NotIn"
+    EXISTS = "Exists"
+    DOES_NOT_EXIST = "DoesNotExist"
+    GT = "Gt"
+    LT = "Lt"
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """One ``matchExpressions`` entry of a node selector term."""
+
+    key: str
+    operator: SelectorOperator
+    values: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        if self.operator in (SelectorOperator.EXISTS, SelectorOperator.DOES_NOT_EXIST):
+            return f"{self.key} {self.operator}"
+        return f"{self.key} {self.operator} [{', '.join(self.values)}]"
+
+
+@dataclass(frozen=True, slots=True)
+class SelectorTerm:
+    """A node selector term: its requirements are ANDed. Terms of an affinity are ORed."""
+
+    requirements: tuple[Requirement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """A pod as the scheduler sees it.
+
+    ``request`` is the effective request (init-container max rule already applied). ``affinity`` holds the terms of
+    ``requiredDuringSchedulingIgnoredDuringExecution`` (ORed); an empty tuple means no required affinity.
+    """
+
+    name: str
+    namespace: str = "default"
+    request: Request = field(default_factory=Request)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    affinity: tuple[SelectorTerm, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    priority: int = 0
+    node_name: str | None = None
+    phase: str = "Pending"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    gang: str | None = None
+    gang_size: int = 0
+    is_daemonset: bool = False
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``, the identity used in plans and reports."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def pending(self) -> bool:
+        """True when the pod waits for a node (not bound, not finished)."""
+        return self.node_name is None and self.phase == "Pending"
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A node of the cluster (or one already being launched, ``launching=True``)."""
+
+    name: str
+    allocatable: Resources
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
+    pool: str | None = None
+    launching: bool = False
+    hourly_cost: float = 0.0
+
+    @property
+    def gpu_model(self) -> str | None:
+        """The GPU product from the GPU Feature Discovery label, if any."""
+        from gpuscale.core.labels import GPU_PRODUCT
+
+        return self.labels.get(GPU_PRODUCT)
+
+
+class CapacityType(StrEnum):
+    """Purchase option of an offering."""
+
+    ON_DEMAND = "on-demand"
+    SPOT = "spot"
+
+
+@dataclass(frozen=True, slots=True)
+class Offering:
+    """Where and how an instance type can be bought, and for how much."""
+
+    zone: str
+    capacity_type: CapacityType
+    hourly_price: float
+    available: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceType:
+    """A machine shape from a provider catalog. Memory in MiB, GPU memory per GPU in MiB."""
+
+    name: str
+    provider: str
+    vcpus: int
+    memory_mib: int
+    gpu_count: int = 0
+    gpu_model: str | None = None
+    gpu_memory_mib: int = 0
+    arch: str = "amd64"
+    family: str = ""
+    region: str = ""
+    offerings: tuple[Offering, ...] = ()
+
+    @property
+    def capacity(self) -> Resources:
+        """Raw capacity before system reservations and DaemonSet overhead."""
+        return Resources(cpu_milli=self.vcpus * 1000, memory_mib=self.memory_mib, gpus=self.gpu_count)
+
+    def cheapest(self) -> Offering | None:
+        """The cheapest available offering, or None."""
+        avail = [o for o in self.offerings if o.available]
+        return min(avail, key=lambda o: (o.hourly_price, o.zone, o.capacity_type)) if avail else None
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """A set of instance types from one or more providers."""
+
+    name: str
+    instance_types: tuple[InstanceType, ...]
+    warnings: tuple[str, ...] = ()
+
+    def by_name(self) -> dict[str, InstanceType]:
+        """Instance types indexed by name."""
+        return {it.name: it for it in self.instance_types}
+
+
+@dataclass(frozen=True, slots=True)
+class PoolLimits:
+    """Upper bounds on the total capacity of a pool's nodes. None means unbounded."""
+
+    cpu_milli: int | None = None
+    memory_mib: int | None = None
+    gpus: int | None = None
+
+    def allows(self, total: Resources) -> bool:
+        """True if ``total`` stays within every set limit."""
+        return (
+            (self.cpu_milli is None or total.cpu_milli <= self.cpu_milli)
+            and (self.memory_mib is None or total.memory_mib <= self.memory_mib)
+            and (self.gpus is None or total.gpus <= self.gpus)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NodePool:
+    """A ``GPUNodePool``: which instance types it may launch and how its nodes look.
+
+    Instance types are chosen by ``instance_types`` (explicit names; empty means all of the catalog) and then
+    filtered by ``requirements`` on well-known labels (see :mod:`gpuscale.core.labels`). ``zones`` and
+    ``capacity_types`` restrict offerings (empty means any). Higher ``weight`` pools are preferred over cheaper
+    lower-weight ones.
+    """
+
+    name: str
+    instance_types: tuple[str, ...] = ()
+    requirements: tuple[Requirement, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    min_nodes: int = 0
+    max_nodes: int | None = None
+    limits: PoolLimits = field(default_factory=PoolLimits)
+    weight: int = 0
+    capacity_types: tuple[CapacityType, ...] = ()
+    zones: tuple[str, ...] = ()
+    daemonset_overhead: Resources = field(default_factory=Resources)
+
+
+@dataclass(frozen=True, slots=True)
+class OfferingKey:
+    """Identifies an offering across the catalog: instance type × zone × capacity type."""
+
+    instance_type: str
+    zone: str
+    capacity_type: CapacityType
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything the planner needs, observed at one instant.
+
+    ``unavailable`` maps offerings that must not be used (e.g. after an insufficient-capacity error) to the time
+    (seconds, same clock as ``now``) until which they stay unavailable.
+    """
+
+    pods: tuple[Pod, ...] = ()
+    nodes: tuple[Node, ...] = ()
+    pools: tuple[NodePool, ...] = ()
+    catalog: Catalog = field(default_factory=lambda: Catalog("empty", ()))
+    unavailable: Mapping[OfferingKey, float] = field(default_factory=dict)

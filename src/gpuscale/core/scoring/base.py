@@ -1,0 +1,68 @@
+"""The placement scorer interface.
+
+A scorer ranks candidate nodes for one request. The planner, the scheduling simulation and the openb benchmark all
+call scorers through this interface, so a scorer written once is used everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from gpuscale.core.resources import Request
+from gpuscale.core.state import ClusterState, FloatArray, IntArray
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadClass:
+    """One kind of request in the expected workload, with its share of arrivals (weights sum to 1)."""
+
+    request: Request
+    weight: float
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """The expected distribution of requests (used by fragmentation-aware scorers)."""
+
+    classes: tuple[WorkloadClass, ...]
+
+    @staticmethod
+    def from_requests(requests: Sequence[Request], top: int = 64) -> Workload:
+        """Empirical distribution of ``requests``, keeping the ``top`` most frequent shapes."""
+        counts: dict[Request, int] = {}
+        for r in requests:
+            counts[r] = counts.get(r, 0) + 1
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], _sort_key(kv[0])))[:top]
+        total = sum(c for _, c in ranked) or 1
+        return Workload(tuple(WorkloadClass(r, c / total) for r, c in ranked))
+
+
+def _sort_key(r: Request) -> tuple[int, int, int, int, str]:
+    return (r.gpus, r.gpu_milli, r.cpu_milli, r.memory_mib, "|".join(sorted(r.gpu_models or ())))
+
+
+class Scorer(Protocol):
+    """Ranks candidate nodes for a request; higher scores are better.
+
+    ``prepare`` is called once before a run with the cluster and the expected workload (it may precompute);
+    ``score`` returns one float per entry of ``candidates`` (row indices where the request fits). Ties are broken by
+    the caller toward the lowest row index, which keeps every run deterministic.
+    """
+
+    name: str
+
+    def prepare(self, state: ClusterState, workload: Workload | None) -> None: ...
+
+    def score(self, state: ClusterState, req: Request, candidates: IntArray) -> FloatArray: ...
+
+
+def select(scorer: Scorer, state: ClusterState, req: Request, candidates: IntArray) -> int | None:
+    """The best candidate row for ``req`` by ``scorer`` (first on ties), or None if there is none."""
+    if candidates.size == 0:
+        return None
+    scores = scorer.score(state, req, candidates)
+    return int(candidates[int(np.argmax(scores))])

@@ -1,0 +1,159 @@
+"""Mutable, vectorised free-capacity state of a set of nodes, with per-GPU milli-GPU accounting.
+
+The scheduling simulation, the placement scorers and the openb packing benchmark all work on a :class:`ClusterState`.
+Every node has a row; every physical GPU of a node has a column in ``gpu_free`` holding its free milli-GPU (0..1000).
+GPU slots a node does not have hold ``-1`` so that they never fit anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from gpuscale.core.resources import MILLI_PER_GPU, Request, Resources
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+FloatArray = npt.NDArray[np.float64]
+
+ABSENT_GPU = -1
+
+
+@dataclass(frozen=True, slots=True)
+class NodeShape:
+    """Static description of one node row: capacity and GPU model."""
+
+    name: str
+    capacity: Resources
+    gpu_model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a request was placed: node row and the physical GPU indices it took."""
+
+    node: int
+    gpu_indices: tuple[int, ...]
+
+
+class ClusterState:
+    """Free capacity of ``n`` nodes as numpy arrays (see module docstring).
+
+    Attributes are public for vectorised scorers; mutate only through :meth:`place` and :meth:`release`.
+    """
+
+    def __init__(self, shapes: Sequence[NodeShape], max_gpus: int | None = None) -> None:
+        n = len(shapes)
+        g = max([s.capacity.gpus for s in shapes] + [max_gpus or 0, 1])
+        self.names: list[str] = [s.name for s in shapes]
+        self.models: list[str | None] = sorted({s.gpu_model for s in shapes}, key=lambda m: (m is None, m or ""))
+        model_index = {m: i for i, m in enumerate(self.models)}
+        self.model_idx: IntArray = np.array([model_index[s.gpu_model] for s in shapes], dtype=np.int64)
+        self.cpu_cap: IntArray = np.array([s.capacity.cpu_milli for s in shapes], dtype=np.int64)
+        self.mem_cap: IntArray = np.array([s.capacity.memory_mib for s in shapes], dtype=np.int64)
+        self.gpu_cap: IntArray = np.array([s.capacity.gpus for s in shapes], dtype=np.int64)
+        self.pods_cap: IntArray = np.array([s.capacity.pods for s in shapes], dtype=np.int64)
+        self.cpu_free: IntArray = self.cpu_cap.copy()
+        self.mem_free: IntArray = self.mem_cap.copy()
+        self.pods_free: IntArray = self.pods_cap.copy()
+        self.gpu_free: IntArray = np.full((n, g), ABSENT_GPU, dtype=np.int64)
+        for i, s in enumerate(shapes):
+            self.gpu_free[i, : s.capacity.gpus] = MILLI_PER_GPU
+        self.full_free: IntArray = self.gpu_cap.copy()
+        """Number of entirely free GPUs per node."""
+        self.max_free: IntArray = np.where(self.gpu_cap > 0, MILLI_PER_GPU, ABSENT_GPU).astype(np.int64)
+        """Largest free milli-GPU on any single GPU per node."""
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @property
+    def gpu_free_milli(self) -> IntArray:
+        """Total free milli-GPU per node."""
+        return np.where(self.gpu_free > 0, self.gpu_free, 0).sum(axis=1)
+
+    def total_gpu_milli(self) -> int:
+        """Total GPU capacity in milli-GPU."""
+        return int(self.gpu_cap.sum()) * MILLI_PER_GPU
+
+    def allocated_gpu_milli(self) -> int:
+        """GPU capacity currently allocated, in milli-GPU."""
+        return self.total_gpu_milli() - int(self.gpu_free_milli.sum())
+
+    def model_mask(self, models: frozenset[str] | None) -> BoolArray | None:
+        """Rows whose GPU model is in ``models`` (None when unconstrained)."""
+        if models is None:
+            return None
+        allowed = [i for i, m in enumerate(self.models) if m in models]
+        return np.isin(self.model_idx, np.array(allowed, dtype=np.int64))
+
+    def fits(self, req: Request, rows: IntArray | None = None) -> BoolArray:
+        """Boolean mask (over ``rows``, or all nodes) of nodes where ``req`` fits now."""
+        sl: IntArray | slice = rows if rows is not None else slice(None)
+        ok = (self.cpu_free[sl] >= req.cpu_milli) & (self.mem_free[sl] >= req.memory_mib) & (self.pods_free[sl] >= 1)
+        if req.gpus:
+            ok &= self.full_free[sl] >= req.gpus
+        elif req.gpu_milli:
+            ok &= self.max_free[sl] >= req.gpu_milli
+        mm = self.model_mask(req.gpu_models) if req.wants_gpu else None
+        if mm is not None:
+            ok &= mm[sl]
+        return ok
+
+    def fits_one(self, req: Request, i: int) -> bool:
+        """True if ``req`` fits on node row ``i`` now."""
+        return bool(self.fits(req, np.array([i], dtype=np.int64))[0])
+
+    def choose_gpus(self, req: Request, i: int) -> tuple[int, ...]:
+        """Physical GPUs ``req`` would take on node ``i``.
+
+        Whole GPUs: the lowest-indexed entirely free GPUs. A fraction: the GPU with the least free milli-GPU that
+        still fits it (best fit within the node), so whole GPUs stay free for whole-GPU pods.
+        """
+        row = self.gpu_free[i]
+        if req.gpus:
+            return tuple(int(x) for x in np.flatnonzero(row == MILLI_PER_GPU)[: req.gpus])
+        if req.gpu_milli:
+            cand = np.where(row >= req.gpu_milli, row, MILLI_PER_GPU + 1)
+            return (int(np.argmin(cand)),)
+        return ()
+
+    def place(self, req: Request, i: int) -> Placement:
+        """Take ``req``'s resources on node ``i``. Raises ValueError if it does not fit."""
+        if not self.fits_one(req, i):
+            raise ValueError(f"request does not fit on node {self.names[i]}")
+        gpus = self.choose_gpus(req, i)
+        self.cpu_free[i] -= req.cpu_milli
+        self.mem_free[i] -= req.memory_mib
+        self.pods_free[i] -= 1
+        take = MILLI_PER_GPU if req.gpus else req.gpu_milli
+        for g in gpus:
+            self.gpu_free[i, g] -= take
+        self._refresh(i)
+        return Placement(i, gpus)
+
+    def release(self, req: Request, placement: Placement) -> None:
+        """Give back what :meth:`place` took."""
+        i = placement.node
+        self.cpu_free[i] += req.cpu_milli
+        self.mem_free[i] += req.memory_mib
+        self.pods_free[i] += 1
+        give = MILLI_PER_GPU if req.gpus else req.gpu_milli
+        for g in placement.gpu_indices:
+            self.gpu_free[i, g] += give
+        self._refresh(i)
+
+    def _refresh(self, i: int) -> None:
+        row = self.gpu_free[i]
+        self.full_free[i] = int((row == MILLI_PER_GPU).sum())
+        self.max_free[i] = int(row.max())
+
+    def copy(self) -> ClusterState:
+        """A deep copy (for what-if evaluation and transactions)."""
+        new = object.__new__(ClusterState)
+        for k, v in self.__dict__.items():
+            setattr(new, k, v.copy() if isinstance(v, np.ndarray | list) else v)
+        return new

@@ -1,0 +1,128 @@
+"""The error tree of gpuscale's boundaries.
+
+Every error raised across a boundary (a cloud provider, the Kubernetes API, user input) is mapped to the most
+specific class here, chained to its cause (``raise ... from exc``), and carries its retry policy, so callers decide
+what to do from the class and :attr:`GpuscaleError.retry` alone.
+
+    GpuscaleError
+    ├── InputError                      bad user input: names the document / field and the fix (exit code 2, HTTP 422)
+    └── ProviderError                   a cloud provider call failed
+        ├── CapacityError               the offering cannot be had now: mark it unavailable, try the next one
+        │   └── InsufficientCapacity
+        ├── QuotaExceeded               account quota or pool-count limit: back off this pool
+        ├── RateLimited                 429: retry after ``retry_after`` seconds
+        ├── TransientProviderError      5xx, timeouts, connection resets: retry with backoff
+        ├── InvalidProviderRequest      400: our request is wrong (carries the API's ``field`` and ``reason``)
+        ├── AuthenticationError         401/403 or a missing token: do not retry, report
+        └── NotFound                    404 on a resource we expected: treat as already gone
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class RetryKind(StrEnum):
+    """How a failed operation should be retried."""
+
+    NEVER = "never"
+    BACKOFF = "backoff"
+    AFTER = "after"
+    NEXT_OFFERING = "next-offering"
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Whether and when to retry. ``delay_s`` is the minimum delay for AFTER, the base delay for BACKOFF."""
+
+    kind: RetryKind
+    delay_s: float = 0.0
+    max_attempts: int = 0
+
+
+class GpuscaleError(Exception):
+    """Root of every error gpuscale raises on purpose."""
+
+    retry: RetryPolicy = RetryPolicy(RetryKind.NEVER)
+
+
+class InputError(GpuscaleError):
+    """Bad user input. ``where`` names the document and field path, ``value`` the offending value."""
+
+    def __init__(self, message: str, *, where: str = "", value: object = None, fix: str = "") -> None:
+        self.where = where
+        self.value = value
+        self.fix = fix
+        parts = [f"{where}: " if where else "", message]
+        if value is not None:
+            parts.append(f" (got {value!r})")
+        if fix:
+            parts.append(f"; {fix}")
+        super().__init__("".join(parts))
+
+
+class ProviderError(GpuscaleError):
+    """A cloud provider operation failed. ``provider`` names the provider; ``status`` the HTTP status if any."""
+
+    retry = RetryPolicy(RetryKind.BACKOFF, delay_s=2.0, max_attempts=5)
+
+    def __init__(self, message: str, *, provider: str = "", status: int | None = None) -> None:
+        self.provider = provider
+        self.status = status
+        super().__init__(message)
+
+
+class CapacityError(ProviderError):
+    """The requested offering cannot be provided now."""
+
+    retry = RetryPolicy(RetryKind.NEXT_OFFERING)
+
+
+class InsufficientCapacity(CapacityError):
+    """The provider has no capacity for this instance type in this zone / capacity type."""
+
+
+class QuotaExceeded(ProviderError):
+    """An account quota (or a configured pool-count limit) is reached."""
+
+    retry = RetryPolicy(RetryKind.BACKOFF, delay_s=60.0, max_attempts=0)
+
+
+class RateLimited(ProviderError):
+    """The provider throttled us (HTTP 429)."""
+
+    def __init__(self, message: str, *, provider: str = "", retry_after: float = 1.0) -> None:
+        super().__init__(message, provider=provider, status=429)
+        self.retry_after = retry_after
+        self.retry = RetryPolicy(RetryKind.AFTER, delay_s=retry_after, max_attempts=10)
+
+
+class TransientProviderError(ProviderError):
+    """A server error, timeout or dropped connection: retry with backoff."""
+
+    retry = RetryPolicy(RetryKind.BACKOFF, delay_s=1.0, max_attempts=5)
+
+
+class InvalidProviderRequest(ProviderError):
+    """The provider rejected our request as invalid (HTTP 400). ``field`` and ``reason`` come from the API."""
+
+    retry = RetryPolicy(RetryKind.NEVER)
+
+    def __init__(self, reason: str, *, provider: str = "", field: str | None = None, status: int | None = 400) -> None:
+        self.reason = reason
+        self.field = field
+        msg = f"{field}: {reason}" if field else reason
+        super().__init__(msg, provider=provider, status=status)
+
+
+class AuthenticationError(ProviderError):
+    """Missing or rejected credentials. Never retried; the message never contains the credential."""
+
+    retry = RetryPolicy(RetryKind.NEVER)
+
+
+class NotFound(ProviderError):
+    """The resource does not exist (any more)."""
+
+    retry = RetryPolicy(RetryKind.NEVER)

@@ -1,0 +1,1 @@
+"""Cloud providers behind one narrow protocol (:mod:`gpuscale.providers.base`)."""
