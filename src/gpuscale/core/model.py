@@ -210,6 +210,38 @@ class PoolLimits:
         )
 
 
+class ConsolidationPolicy(StrEnum):
+    """When a pool's nodes may be removed or replaced."""
+
+    WHEN_EMPTY = "WhenEmpty"
+    WHEN_EMPTY_OR_UNDERUTILIZED = "WhenEmptyOrUnderutilized"
+
+
+@dataclass(frozen=True, slots=True)
+class DisruptionBudget:
+    """At most ``nodes`` (an integer, or a percentage like ``"10%"``) of a pool's nodes disrupted at once.
+
+    With ``schedule`` (cron, UTC) the budget is active only for ``duration_s`` after each schedule hit. ``reasons``
+    limits it to some disruption reasons (``Empty``, ``Underutilized``, ``Drifted``); empty means all.
+    """
+
+    nodes: str = "10%"
+    schedule: str | None = None
+    duration_s: float | None = None
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Disruption:
+    """A pool's scale-down and consolidation settings."""
+
+    consolidation_policy: ConsolidationPolicy = ConsolidationPolicy.WHEN_EMPTY_OR_UNDERUTILIZED
+    consolidate_after_s: float = 30.0
+    budgets: tuple[DisruptionBudget, ...] = (DisruptionBudget(),)
+    utilization_threshold: float = 0.5
+    use_measured_gpu_utilization: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class NodePool:
     """A ``GPUNodePool``: which instance types it may launch and how its nodes look.
@@ -231,7 +263,9 @@ class NodePool:
     weight: int = 0
     capacity_types: tuple[CapacityType, ...] = ()
     zones: tuple[str, ...] = ()
-    daemonset_overhead: Resources = field(default_factory=Resources)
+    daemonset_overhead: Resources = field(default_factory=lambda: Resources(pods=0))
+    disruption: Disruption = field(default_factory=Disruption)
+    allow_spot_fallback: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,1 @@
+"""The reconcile loop shared by every backend (simulated cluster, Kubernetes)."""

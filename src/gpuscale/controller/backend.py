@@ -1,0 +1,73 @@
+"""The cluster-side protocol the controller observes and acts through.
+
+The controller never binds pods (the scheduler does). It reads pods and nodes, cordons, evicts and deletes nodes,
+labels new nodes, and records events. :class:`gpuscale.sim.cluster.SimCluster` and the Kubernetes adapter implement it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpuscale.core.model import Node, Pod
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A decision record (becomes a Kubernetes Event in a real cluster)."""
+
+    at: float
+    kind: str
+    """Short machine-readable type, e.g. ``ScaleUp``, ``Blocked``, ``Consolidate``, ``SpotInterruption``."""
+    object: str
+    """What it is about, e.g. ``pod/ns/name`` or ``node/name`` or ``pool/name``."""
+    reason: str
+    message: str
+    data: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PodDisruptionBudget:
+    """A PDB: pods matching ``selector`` in ``namespace`` may lose at most ``max_unavailable`` at once."""
+
+    name: str
+    namespace: str
+    selector: Mapping[str, str]
+    max_unavailable: int = 0
+
+
+class ClusterBackend(Protocol):
+    """What the controller needs from a cluster."""
+
+    def list_pods(self) -> Sequence[Pod]:
+        """Every pod (pending, running); bound pods have ``node_name``."""
+        ...
+
+    def list_nodes(self) -> Sequence[Node]:
+        """Every registered node, with current labels, taints, allocatable and ``unschedulable``."""
+        ...
+
+    def list_pdbs(self) -> Sequence[PodDisruptionBudget]:
+        """PodDisruptionBudgets."""
+        ...
+
+    def gpu_utilization(self) -> Mapping[str, float]:
+        """Measured GPU utilisation (0..1) per node name, where known."""
+        ...
+
+    def cordon(self, node_name: str) -> None:
+        """Mark the node unschedulable."""
+        ...
+
+    def evict(self, pod_key: str) -> bool:
+        """Evict a pod (``namespace/name``); False if a PDB refused it."""
+        ...
+
+    def delete_node(self, node_name: str) -> None:
+        """Remove the Node object."""
+        ...
+
+    def record(self, event: Event) -> None:
+        """Record a decision."""
+        ...
