@@ -109,3 +109,7 @@ class PlannerConfig:
     exact_solver: bool = True
     solver_time_limit_s: float = 2.0
     launch_id_prefix: str = "launch"
+    milp_max_classes: int = 200
+    """Above this many pod classes on new nodes the integer program is skipped (the greedy plan stands)."""
+    candidate_types: int = 12
+    """How many of the best stand-alone instance types the greedy packer fully evaluates per new-node pattern."""

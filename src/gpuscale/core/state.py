@@ -73,7 +73,8 @@ class ClusterState:
     @property
     def gpu_free_milli(self) -> IntArray:
         """Total free milli-GPU per node."""
-        return np.where(self.gpu_free > 0, self.gpu_free, 0).sum(axis=1)
+        out: IntArray = np.where(self.gpu_free > 0, self.gpu_free, 0).sum(axis=1)
+        return out
 
     def total_gpu_milli(self) -> int:
         """Total GPU capacity in milli-GPU."""
@@ -134,6 +135,30 @@ class ClusterState:
             self.gpu_free[i, g] -= take
         self._refresh(i)
         return Placement(i, gpus)
+
+    def occupy(self, req: Request, i: int) -> Placement:
+        """Account for a pod already bound to node ``i``, even if the node looks overcommitted.
+
+        Takes what it can (free values never go below zero; GPUs by the same rule as :meth:`place`).
+        """
+        if self.fits_one(req, i):
+            return self.place(req, i)
+        self.cpu_free[i] = max(0, int(self.cpu_free[i]) - req.cpu_milli)
+        self.mem_free[i] = max(0, int(self.mem_free[i]) - req.memory_mib)
+        self.pods_free[i] = max(0, int(self.pods_free[i]) - 1)
+        row = self.gpu_free[i]
+        taken: list[int] = []
+        if req.gpus:
+            for g in np.argsort(-row, kind="stable")[: req.gpus]:
+                if row[g] > 0:
+                    row[g] = 0
+                    taken.append(int(g))
+        elif req.gpu_milli and row.max() > 0:
+            g = int(np.argmax(row))
+            row[g] = max(0, int(row[g]) - req.gpu_milli)
+            taken.append(g)
+        self._refresh(i)
+        return Placement(i, tuple(taken))
 
     def release(self, req: Request, placement: Placement) -> None:
         """Give back what :meth:`place` took."""

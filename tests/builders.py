@@ -1,0 +1,132 @@
+"""Small builders of core objects for tests (no I/O)."""
+
+from __future__ import annotations
+
+from gpuscale.core import labels as L
+from gpuscale.core.model import (
+    CapacityType,
+    Catalog,
+    InstanceType,
+    Node,
+    NodePool,
+    Offering,
+    Pod,
+    Requirement,
+    SelectorOperator,
+    SelectorTerm,
+    Taint,
+    TaintEffect,
+    Toleration,
+)
+from gpuscale.core.resources import Request, Resources
+
+OD = CapacityType.ON_DEMAND
+SPOT = CapacityType.SPOT
+
+
+def itype(
+    name: str,
+    vcpus: int,
+    mem_gib: int,
+    gpus: int = 0,
+    model: str | None = None,
+    price: float = 1.0,
+    zones: tuple[str, ...] = ("z1",),
+    spot: float | None = None,
+    gpu_mem_mib: int = 24576,
+) -> InstanceType:
+    offers = [Offering(z, OD, price) for z in zones]
+    if spot is not None:
+        offers += [Offering(z, SPOT, spot) for z in zones]
+    return InstanceType(
+        name,
+        "test",
+        vcpus,
+        mem_gib * 1024,
+        gpus,
+        model if gpus else None,
+        gpu_mem_mib if gpus else 0,
+        offerings=tuple(offers),
+    )
+
+
+def catalog(*types: InstanceType) -> Catalog:
+    return Catalog("test", tuple(types))
+
+
+def default_catalog() -> Catalog:
+    return catalog(
+        itype("cpu-4", 4, 16, price=0.2),
+        itype("cpu-16", 16, 64, price=0.8),
+        itype("t4-1", 8, 32, 1, "T4", price=0.6),
+        itype("t4-4", 48, 192, 4, "T4", price=2.6),
+        itype("a100-1", 12, 85, 1, "A100", price=3.0, gpu_mem_mib=81920),
+        itype("a100-8", 96, 1152, 8, "A100", price=22.0, gpu_mem_mib=81920),
+    )
+
+
+def pod(
+    name: str,
+    cpu: int = 500,
+    mem: int = 512,
+    gpus: int = 0,
+    milli: int = 0,
+    selector: dict[str, str] | None = None,
+    affinity: tuple[SelectorTerm, ...] = (),
+    tolerations: tuple[Toleration, ...] = (),
+    priority: int = 0,
+    node: str | None = None,
+    gang: str | None = None,
+    gang_size: int = 0,
+    models: frozenset[str] | None = None,
+) -> Pod:
+    return Pod(
+        name=name,
+        request=Request(cpu, mem, gpus, milli, models),
+        node_selector=selector or {},
+        affinity=affinity,
+        tolerations=tolerations,
+        priority=priority,
+        node_name=node,
+        phase="Running" if node else "Pending",
+        gang=gang,
+        gang_size=gang_size,
+    )
+
+
+def node(
+    name: str,
+    cpu: int,
+    mem_mib: int,
+    gpus: int = 0,
+    model: str | None = None,
+    labels: dict[str, str] | None = None,
+    taints: tuple[Taint, ...] = (),
+    pool: str | None = None,
+    launching: bool = False,
+    unschedulable: bool = False,
+) -> Node:
+    lab = dict(labels or {})
+    if model:
+        lab[L.GPU_PRODUCT] = model
+    return Node(name, Resources(cpu, mem_mib, gpus), lab, taints, unschedulable, pool, launching)
+
+
+def pool(name: str = "gpu", **kw: object) -> NodePool:
+    return NodePool(name=name, **kw)  # type: ignore[arg-type]
+
+
+def req(key: str, op: str, *values: str) -> Requirement:
+    return Requirement(key, SelectorOperator(op), tuple(values))
+
+
+def term(*reqs: Requirement) -> SelectorTerm:
+    return SelectorTerm(tuple(reqs))
+
+
+def taint(key: str, value: str = "", effect: str = "NoSchedule") -> Taint:
+    return Taint(key, TaintEffect(effect), value)
+
+
+def tol(key: str = "", op: str = "Equal", value: str = "", effect: str | None = None) -> Toleration:
+    return Toleration(key, op, value, TaintEffect(effect) if effect else None)
