@@ -57,7 +57,11 @@ def _load(snapshot: str, catalog: str, region: str | None) -> Snapshot:
     cat = load_catalog(catalog, region=region)
     for warning in cat.warnings:
         click.echo(f"warning: {warning}", err=True)
-    return load_snapshot(snapshot, catalog=cat, now=SystemClock().now())
+    notes: list[str] = []
+    snap = load_snapshot(snapshot, catalog=cat, now=SystemClock().now(), notes=notes)
+    for note in notes:
+        console(stderr=True).print(f"note: {note}", style="dim", markup=False)
+    return snap
 
 
 _catalog_opt = click.option(
@@ -118,13 +122,10 @@ def print_plan(result: ScaleUpPlan, snap: Snapshot) -> None:
     else:
         out.print("No new nodes needed.")
     if result.blocked:
-        t = Table(title="Blocked pods (no scale-up)", title_justify="left")
-        t.add_column("pod")
-        t.add_column("reason")
-        t.add_column("why")
+        out.print("\n[bold]Blocked pods (no scale-up)[/bold]")
         for b in result.blocked:
-            t.add_row(b.pod, str(b.reason), b.message)
-        out.print(t)
+            out.print(f"  [bold]{b.pod}[/bold]  [yellow]{b.reason}[/yellow]")
+            out.print(f"    {b.message}", markup=False)
 
 
 @main.command("explain")
@@ -148,7 +149,7 @@ def explain_cmd(snapshot: str, pod: str, catalog: str, region: str | None) -> No
     for b in result.blocked:
         if b.pod == target.key:
             click.echo(f"{target.key} stays pending and triggers no scale-up.\nreason: {b.reason}\n{b.message}")
-            sys.exit(1)
+            return
     where = result.placements.get(target.key, "?")
     if "/" in where:
         launch = next(x for x in result.launches if where.startswith(x.id + "/"))

@@ -656,7 +656,8 @@ class Planner:
         if label_fail:
             keys = sorted({f.key for f in label_fail.values() if f.key})
             detail = "; ".join(
-                f"pool {p}: {f.detail}{_offered(by_pool[p], f.key)}" for p, f in sorted(label_fail.items())
+                f"pool {p}: {_requirement_text(pod, f)}{_offered(by_pool[p], f.key)}"
+                for p, f in sorted(label_fail.items())
             )
             return Blocked(
                 pod.key,
@@ -760,6 +761,13 @@ class Planner:
             )
         blocked = tuple(sorted(ctx.blocked, key=lambda b: b.pod))
         return ScaleUpPlan(tuple(launches), placements, blocked, solver)
+
+
+def _requirement_text(pod: Pod, f: FitFailure) -> str:
+    """The pod's own requirement that failed, without the node's side (the options are listed separately)."""
+    if f.kind is FitFailureKind.NODE_SELECTOR and f.key in pod.node_selector:
+        return f"nodeSelector {f.key}={pod.node_selector[f.key]}"
+    return f.detail
 
 
 def _offered(opts: Sequence[Option], key: str) -> str:
