@@ -6,11 +6,15 @@ labels new nodes, and records events. :class:`gpuscale.sim.cluster.SimCluster` a
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from gpuscale.core.disruption import PodDisruptionBudget
 from gpuscale.core.model import Node, Pod
+
+__all__ = ["ClusterBackend", "Event", "PodDisruptionBudget"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,17 +28,7 @@ class Event:
     """What it is about, e.g. ``pod/ns/name`` or ``node/name`` or ``pool/name``."""
     reason: str
     message: str
-    data: Mapping[str, object] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class PodDisruptionBudget:
-    """A PDB: pods matching ``selector`` in ``namespace`` may lose at most ``max_unavailable`` at once."""
-
-    name: str
-    namespace: str
-    selector: Mapping[str, str]
-    max_unavailable: int = 0
+    data: Mapping[str, builtins.object] = field(default_factory=dict)
 
 
 class ClusterBackend(Protocol):

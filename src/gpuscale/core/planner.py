@@ -29,7 +29,7 @@ import numpy as np
 from gpuscale.core import labels as L
 from gpuscale.core.model import InstanceType, Node, NodePool, Offering, OfferingKey, Pod, Snapshot, Taint
 from gpuscale.core.plan import Blocked, BlockReason, Launch, PlannerConfig, ScaleUpPlan
-from gpuscale.core.predicates import FitFailure, match_requirement, static_failure
+from gpuscale.core.predicates import FitFailure, FitFailureKind, match_requirement, static_failure
 from gpuscale.core.resources import MILLI_PER_GPU, Request, Resources
 from gpuscale.core.scoring import Scorer, Workload, make_scorer, select
 from gpuscale.core.state import ClusterState, IntArray, NodeShape

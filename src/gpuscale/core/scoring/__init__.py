@@ -6,9 +6,19 @@ from collections.abc import Callable
 
 from gpuscale.core.scoring.base import Scorer, Workload, WorkloadClass, select
 from gpuscale.core.scoring.bestfit import BestFit
+from gpuscale.core.scoring.dotproduct import DotProduct
+from gpuscale.core.scoring.fgd import FGD
+from gpuscale.core.scoring.fillfrag import FillFrag
+from gpuscale.core.scoring.packing import GpuPacking
+from gpuscale.core.scoring.randomized import RandomScorer
 
 SCORERS: dict[str, Callable[[], Scorer]] = {
     "best-fit": BestFit,
+    "random": RandomScorer,
+    "dot-product": DotProduct,
+    "gpu-packing": GpuPacking,
+    "fgd": FGD,
+    "fill-frag": FillFrag,
 }
 
 DEFAULT_SCORER = "best-fit"
@@ -22,4 +32,4 @@ def make_scorer(name: str) -> Scorer:
         raise KeyError(f"unknown scorer {name!r}; known: {', '.join(sorted(SCORERS))}") from None
 
 
-__all__ = ["SCORERS", "DEFAULT_SCORER", "Scorer", "Workload", "WorkloadClass", "make_scorer", "select"]
+__all__ = ["DEFAULT_SCORER", "SCORERS", "Scorer", "Workload", "WorkloadClass", "make_scorer", "select"]

@@ -1,30 +1,37 @@
-"""Best-fit scorer: prefer the node left with the least free capacity after placement."""
+"""Best-fit scorer, as the FGD paper (Weng et al., ATC'23) defines its BestFit baseline.
+
+A node's score is minus the weighted sum of what would be left free after placement, CPU and GPU weighted 0.5 each,
+each dimension normalised by the largest node's capacity in the cluster (not the node's own capacity: a big node
+half empty is a worse fit than a small node half empty). The tightest node wins.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from gpuscale.core.resources import MILLI_PER_GPU, Request
+from gpuscale.core.resources import Request
 from gpuscale.core.scoring.base import Workload
+from gpuscale.core.scoring.features import gpu_left, max_specs
 from gpuscale.core.state import ClusterState, FloatArray, IntArray
 
 
 class BestFit:
-    """Scores a node by minus its normalised leftover (CPU, memory, GPU) after placing the request.
-
-    Leftover on each dimension is divided by the node's capacity on that dimension; dimensions a node does not have
-    (no GPUs) count as zero. The tightest fit wins.
-    """
+    """Minus the weighted, cluster-normalised CPU + GPU leftover after placing the request."""
 
     name = "best-fit"
 
+    def __init__(self, cpu_weight: float = 0.5, gpu_weight: float = 0.5) -> None:
+        self.cpu_weight = cpu_weight
+        self.gpu_weight = gpu_weight
+        self._spec: tuple[float, float, float] | None = None
+
     def prepare(self, state: ClusterState, workload: Workload | None) -> None:
-        """Nothing to precompute."""
+        """Record the cluster's largest node capacities for normalisation."""
+        self._spec = max_specs(state)
 
     def score(self, state: ClusterState, req: Request, candidates: IntArray) -> FloatArray:
-        """Minus the sum of normalised leftovers per candidate."""
-        cpu = (state.cpu_free[candidates] - req.cpu_milli) / np.maximum(state.cpu_cap[candidates], 1)
-        mem = (state.mem_free[candidates] - req.memory_mib) / np.maximum(state.mem_cap[candidates], 1)
-        gcap = state.gpu_cap[candidates] * MILLI_PER_GPU
-        gpu = (state.gpu_free_milli[candidates] - req.gpu_demand_milli) / np.maximum(gcap, 1)
-        return -(cpu + mem + gpu).astype(np.float64)
+        """Minus the normalised leftover per candidate."""
+        cpu_max, _, gpu_max = self._spec or max_specs(state)
+        cpu = (state.cpu_free[candidates] - req.cpu_milli) / cpu_max
+        gpu = (gpu_left(state, candidates).sum(axis=1) - req.gpu_demand_milli) / gpu_max
+        return -(self.cpu_weight * cpu + self.gpu_weight * gpu).astype(np.float64)
