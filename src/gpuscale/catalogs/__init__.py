@@ -1,0 +1,85 @@
+"""Instance catalogs: the machine shapes and prices the planner chooses from.
+
+``load_catalog("linode")``, ``load_catalog("aws:eu-west-1")``, ``load_catalog("alibaba", region="cn-wulanchabu")``
+or ``load_catalog("my-catalog.yaml")``. Shipped catalogs are read from the shared price data (``../shared/data/prices``
+next to the repository, or ``$GPUSCALE_DATA_DIR/prices``). See ``docs/catalogs.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+
+from gpuscale.catalogs import alibaba, aws, custom, linode
+from gpuscale.catalogs._util import DATA_DIR_ENV
+from gpuscale.catalogs.gpus import KNOWN_GPU_MODELS, gpu_model_variants, normalize_gpu_model
+from gpuscale.core.model import Catalog
+from gpuscale.errors import InputError
+
+__all__ = [
+    "DATA_DIR_ENV",
+    "KNOWN_CATALOGS",
+    "KNOWN_GPU_MODELS",
+    "gpu_model_variants",
+    "load_catalog",
+    "normalize_gpu_model",
+]
+
+_LOADERS: dict[str, Callable[[str | None], Catalog]] = {
+    "alibaba": lambda region: alibaba.load(region),
+    "aws": lambda region: aws.load(region),
+    "linode": lambda region: linode.load(region),
+}
+
+KNOWN_CATALOGS: Mapping[str, str] = MappingProxyType(
+    {
+        "alibaba": f"Alibaba ECS GPU types, on-demand and spot per zone (default region {alibaba.DEFAULT_REGION})",
+        "aws": f"AWS EC2 GPU types, on-demand, zone = region (default region {aws.DEFAULT_REGION})",
+        "linode": f"Linode GPU plans, on-demand, zone = region (default region {linode.DEFAULT_REGION})",
+    }
+)
+"""Shipped catalog names and a one-line description of each. Append ``:REGION`` to pick a region."""
+
+
+def _is_path(text: str) -> bool:
+    return text.endswith((".yaml", ".yml")) or "/" in text or "\\" in text
+
+
+def load_catalog(name_or_path: str, *, region: str | None = None) -> Catalog:
+    """Load a shipped catalog by name (``NAME`` or ``NAME:REGION``) or a custom YAML catalog by path.
+
+    ``region`` is the same as the ``:REGION`` suffix (giving both with different values is an error); for a custom
+    catalog it keeps only the instance types of that region. Raises :class:`InputError` for an unknown name, an
+    unknown region, missing price data, or an invalid custom file.
+    """
+    text = name_or_path.strip()
+    if not text:
+        raise InputError(
+            "empty catalog name", where="--catalog", fix=f"use one of {', '.join(KNOWN_CATALOGS)} or a path"
+        )
+    name, sep, suffix = text.partition(":")
+    if name.lower() not in _LOADERS and (_is_path(text) or Path(text).is_file()):
+        return custom.load(Path(text), region=region)
+    loader = _LOADERS.get(name.lower())
+    if loader is None:
+        raise InputError(
+            "unknown catalog",
+            where="--catalog",
+            value=name_or_path,
+            fix=f"use one of {', '.join(KNOWN_CATALOGS)} (optionally NAME:REGION) or a path to a .yaml catalog",
+        )
+    if sep:
+        if not suffix:
+            raise InputError(
+                "empty region after ':'", where="--catalog", value=name_or_path, fix=f"write {name}:REGION"
+            )
+        if region is not None and region != suffix:
+            raise InputError(
+                "two different regions given",
+                where="--catalog",
+                value=f"{name_or_path} and region={region}",
+                fix="give the region once",
+            )
+        region = suffix
+    return loader(region)
