@@ -13,7 +13,7 @@ from types import MappingProxyType
 
 from gpuscale.catalogs import alibaba, aws, custom, linode
 from gpuscale.catalogs._util import DATA_DIR_ENV
-from gpuscale.catalogs.gpus import KNOWN_GPU_MODELS, gpu_model_variants, normalize_gpu_model
+from gpuscale.core.gpus import KNOWN_GPU_MODELS, gpu_model_variants, normalize_gpu_model
 from gpuscale.core.model import Catalog
 from gpuscale.errors import InputError
 

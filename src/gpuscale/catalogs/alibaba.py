@@ -23,7 +23,7 @@ from gpuscale.catalogs._util import (
     read_csv,
     sorted_catalog,
 )
-from gpuscale.catalogs.gpus import normalize_gpu_model, per_gpu_memory_gb
+from gpuscale.core.gpus import normalize_gpu_model, per_gpu_memory_gb
 from gpuscale.core.model import CapacityType, Catalog, InstanceType, Offering
 
 PROVIDER = "alibaba"

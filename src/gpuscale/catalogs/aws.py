@@ -6,7 +6,7 @@ One region per catalog (default ``us-east-1``); the file has one row per instanc
   name (``us-east-1``). Local Zones and Wavelength Zones appear as their own "regions" (``us-east-1-atl-1``) and are
   loaded the same way. There are no spot prices, so no spot offerings.
 * ``gpu_memory`` is per GPU for most types and the total for some (``p4d.24xlarge``: "320 GB" for 8 A100s); see
-  :func:`gpuscale.catalogs.gpus.per_gpu_memory_gb`. "Unknown" is filled from the product's only memory size when it
+  :func:`gpuscale.core.gpus.per_gpu_memory_gb`. "Unknown" is filled from the product's only memory size when it
   has exactly one (K520, M60, L4), else left 0 (unknown).
 * Only NVIDIA GPUs become ``gpu_count``. Instance types with other accelerators (AWS Inferentia/Trainium, Qualcomm,
   AMD Radeon, ARM Mali) and fractional-GPU types (``g6f``: 1/8 of an L40) are excluded with a warning.
@@ -28,7 +28,7 @@ from gpuscale.catalogs._util import (
     read_csv,
     sorted_catalog,
 )
-from gpuscale.catalogs.gpus import known_memory_gb, normalize_gpu_model, per_gpu_memory_gb
+from gpuscale.core.gpus import known_memory_gb, normalize_gpu_model, per_gpu_memory_gb
 from gpuscale.core.model import CapacityType, Catalog, InstanceType, Offering
 
 PROVIDER = "aws"

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from gpuscale.catalogs._util import sorted_catalog
-from gpuscale.catalogs.gpus import known_memory_gb, normalize_gpu_model
+from gpuscale.core.gpus import known_memory_gb, normalize_gpu_model
 from gpuscale.core.model import CapacityType, Catalog, InstanceType, Offering
 from gpuscale.errors import InputError
 

@@ -18,7 +18,7 @@ from gpuscale.catalogs._util import (
     read_csv,
     sorted_catalog,
 )
-from gpuscale.catalogs.gpus import normalize_gpu_model
+from gpuscale.core.gpus import normalize_gpu_model
 from gpuscale.core.model import CapacityType, Catalog, InstanceType, Offering
 
 PROVIDER = "linode"
