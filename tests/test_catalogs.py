@@ -20,7 +20,7 @@ from gpuscale.catalogs import (
     normalize_gpu_model,
 )
 from gpuscale.catalogs._util import DATA_DIR_ENV
-from gpuscale.catalogs.gpus import per_gpu_memory_gb
+from gpuscale.core.gpus import per_gpu_memory_gb
 from gpuscale.core.model import CapacityType, Catalog, InstanceType
 from gpuscale.errors import InputError
 
