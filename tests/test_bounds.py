@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 from builders import catalog, itype, pod, pool
-
 from gpuscale.core.bounds import Interval, cost_lower_bound, pod_rate_bounds
 from gpuscale.core.model import Snapshot
 from gpuscale.core.planner import build_options
 
 
 def snap() -> Snapshot:
-    return Snapshot((), (), (pool(),), catalog(itype("g1", 8, 32, 1, "T4", price=1.0), itype("g4", 32, 128, 4, "T4", price=3.0)))
+    return Snapshot(
+        (), (), (pool(),), catalog(itype("g1", 8, 32, 1, "T4", price=1.0), itype("g4", 32, 128, 4, "T4", price=3.0))
+    )
 
 
 def test_rate_bounds_take_cheapest_share_per_dimension() -> None:
     rates = pod_rate_bounds(pod("p", 4000, 1024, gpus=1), build_options(snap(), 0))
     assert rates is not None
-    cpu, mem, gpu = rates
+    cpu, _mem, gpu = rates
     assert gpu == 0.75  # 1 of 4 GPUs on the $3 node
     assert cpu == min(1.0 * 4 / 8, 3.0 * 4 / 32)
     assert pod_rate_bounds(pod("p", gpus=8), build_options(snap(), 0)) is None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 from builders import OD, SPOT, catalog, default_catalog, itype, node, pod, pool, req, taint, term, tol
-
 from gpuscale.core import labels as L
 from gpuscale.core.model import CapacityType, OfferingKey, PoolLimits, Snapshot
 from gpuscale.core.plan import BlockReason, PlannerConfig
@@ -16,9 +15,7 @@ GREEDY = PlannerConfig(exact_solver=False)
 
 
 def snap(pods, nodes=(), pools=None, cat=None, unavailable=None) -> Snapshot:  # type: ignore[no-untyped-def]
-    return Snapshot(
-        tuple(pods), tuple(nodes), tuple(pools or (pool(),)), cat or default_catalog(), unavailable or {}
-    )
+    return Snapshot(tuple(pods), tuple(nodes), tuple(pools or (pool(),)), cat or default_catalog(), unavailable or {})
 
 
 def blocked(result, name):  # type: ignore[no-untyped-def]
@@ -66,7 +63,11 @@ def test_fraction_needs_one_physical_gpu() -> None:
 
 def test_existing_node_fraction_accounting() -> None:
     n = node("n", 64000, 262144, 2, "T4")
-    pods = [pod("a", 100, 100, milli=500, node="n"), pod("b", 100, 100, milli=500, node="n"), pod("c", 100, 100, milli=600)]
+    pods = [
+        pod("a", 100, 100, milli=500, node="n"),
+        pod("b", 100, 100, milli=500, node="n"),
+        pod("c", 100, 100, milli=600),
+    ]
     # a and b may sit on two different GPUs (500 free each) -> c (600) must not be placed "across" them
     r = plan(snap(pods, [n], cat=catalog(itype("g1", 8, 32, 1, "T4"))), GREEDY)
     assert r.placements["default/c"] == "n"  # a and b were packed on one GPU by best fit, leaving a whole GPU
@@ -94,8 +95,13 @@ def test_required_affinity_on_capacity_type() -> None:
 
 def test_pool_taints_need_tolerations_and_reason_names_taint() -> None:
     gpu_pool = pool("gpu", taints=(taint("nvidia.com/gpu", "present"),))
-    r = plan(snap([pod("intolerant", gpus=1), pod("ok", gpus=1, tolerations=(tol("nvidia.com/gpu", "Exists"),))],
-                  pools=[gpu_pool]), GREEDY)
+    r = plan(
+        snap(
+            [pod("intolerant", gpus=1), pod("ok", gpus=1, tolerations=(tol("nvidia.com/gpu", "Exists"),))],
+            pools=[gpu_pool],
+        ),
+        GREEDY,
+    )
     b = blocked(r, "intolerant")
     assert b.reason is BlockReason.TAINT_NOT_TOLERATED and "nvidia.com/gpu=present:NoSchedule" in b.message
     assert "default/ok" in r.placements
@@ -111,8 +117,10 @@ def test_reasons_for_selector_and_size() -> None:
 
 def test_max_nodes_and_limits() -> None:
     p = pool("gpu", max_nodes=2)
-    r = plan(snap([pod(f"p{i}", 7000, 1024, gpus=1) for i in range(3)], nodes=[node("x", 1, 1, pool="gpu")],
-                  pools=[p]), GREEDY)
+    r = plan(
+        snap([pod(f"p{i}", 7000, 1024, gpus=1) for i in range(3)], nodes=[node("x", 1, 1, pool="gpu")], pools=[p]),
+        GREEDY,
+    )
     assert sum(x.count for x in r.launches) == 1
     assert len(r.blocked) == 2 and all(b.reason is BlockReason.POOL_AT_MAX_NODES for b in r.blocked)
     assert "1" in r.blocked[0].message or "2" in r.blocked[0].message

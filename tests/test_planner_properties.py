@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from builders import itype, node, pod, pool, taint, tol
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from builders import itype, node, pod, pool, taint, tol
 from gpuscale.core import labels as L
 from gpuscale.core.model import Catalog, PoolLimits, Snapshot
 from gpuscale.core.plan import PlannerConfig
@@ -63,9 +63,18 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
         tols = draw(st.sampled_from(((), (tol("gpu", "Exists"),))))
         gang = draw(st.sampled_from((None, None, None, "g1")))
         pods.append(
-            pod(f"q{k}", draw(st.sampled_from((250, 1000, 4000))), draw(st.sampled_from((256, 2048, 16384))),
-                gpus=gpus, milli=milli, selector=sel, tolerations=tols, priority=draw(st.integers(0, 2)),
-                gang=gang, gang_size=3 if gang else 0)
+            pod(
+                f"q{k}",
+                draw(st.sampled_from((250, 1000, 4000))),
+                draw(st.sampled_from((256, 2048, 16384))),
+                gpus=gpus,
+                milli=milli,
+                selector=sel,
+                tolerations=tols,
+                priority=draw(st.integers(0, 2)),
+                gang=gang,
+                gang_size=3 if gang else 0,
+            )
         )
     return Snapshot(tuple(pods), tuple(nodes), tuple(pools), cat)
 
@@ -129,8 +138,11 @@ def check_plan(s: Snapshot, cfg: PlannerConfig) -> float:
         for o in opts:
             if static_failure(pods[key], o.labels, o.taints) is None and solo_count(o, rq, 1):
                 a = o.alloc
-                d = (rq.cpu_milli / max(a.cpu_milli, 1), rq.memory_mib / max(a.memory_mib, 1),
-                     rq.gpu_demand_milli / (MILLI_PER_GPU * a.gpus) if a.gpus else 0.0)
+                d = (
+                    rq.cpu_milli / max(a.cpu_milli, 1),
+                    rq.memory_mib / max(a.memory_mib, 1),
+                    rq.gpu_demand_milli / (MILLI_PER_GPU * a.gpus) if a.gpus else 0.0,
+                )
                 shares = [min(x, o.price * y) for x, y in zip(shares, d, strict=True)]
         bounds = [b + x for b, x in zip(bounds, shares, strict=True)]
     assert r.total_hourly_cost >= max(bounds) - 1e-6

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from builders import pod, req, taint, term, tol
 
+from builders import pod, req, taint, term, tol
 from gpuscale.core.predicates import (
     FitFailureKind,
     match_affinity,
@@ -99,4 +99,7 @@ def test_static_failure_names_the_blocker() -> None:
     assert f is not None and f.kind is FitFailureKind.TAINT and "nvidia.com/gpu=present:NoSchedule" in f.detail
     f = static_failure(pod("p"), LABELS, (), unschedulable=True)
     assert f is not None and f.kind is FitFailureKind.UNSCHEDULABLE
-    assert static_failure(pod("p", tolerations=(tol("nvidia.com/gpu", "Exists"),)), LABELS, (taint("nvidia.com/gpu"),)) is None
+    assert (
+        static_failure(pod("p", tolerations=(tol("nvidia.com/gpu", "Exists"),)), LABELS, (taint("nvidia.com/gpu"),))
+        is None
+    )

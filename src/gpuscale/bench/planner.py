@@ -82,8 +82,14 @@ def synthetic_catalog(rng: random.Random) -> Catalog:
             offers = [Offering(z, CapacityType.ON_DEMAND, round(price, 4)) for z in ZONES]
             offers += [Offering(z, CapacityType.SPOT, round(price * 0.4, 4)) for z in ZONES]
             types.append(
-                InstanceType(f"c{family}-{vcpus}", "bench", vcpus, vcpus * ratio * 1024, family=f"c{family}",
-                             offerings=tuple(offers))
+                InstanceType(
+                    f"c{family}-{vcpus}",
+                    "bench",
+                    vcpus,
+                    vcpus * ratio * 1024,
+                    family=f"c{family}",
+                    offerings=tuple(offers),
+                )
             )
     return Catalog("bench", tuple(types))
 
@@ -95,32 +101,65 @@ def synthetic_snapshot(seed: int = 7, pods: int = 10_000, nodes: int = 1_000) ->
     gpu_types = [t for t in cat.instance_types if t.gpu_count]
     cpu_types = [t for t in cat.instance_types if not t.gpu_count]
     pools = (
-        NodePool("gpu", instance_types=tuple(t.name for t in gpu_types), taints=(GPU_TAINT,),
-                 capacity_types=(CapacityType.ON_DEMAND,), max_nodes=5000),
-        NodePool("gpu-spot", instance_types=tuple(t.name for t in gpu_types if t.gpu_model in ("T4", "A10", "L4")),
-                 taints=(GPU_TAINT, Taint("spot", TaintEffect.NO_SCHEDULE, "true")),
-                 capacity_types=(CapacityType.SPOT,), weight=10, max_nodes=200),
-        NodePool("cpu", instance_types=tuple(t.name for t in cpu_types), max_nodes=2000,
-                 daemonset_overhead=Resources(200, 512, 0, 5)),
+        NodePool(
+            "gpu",
+            instance_types=tuple(t.name for t in gpu_types),
+            taints=(GPU_TAINT,),
+            capacity_types=(CapacityType.ON_DEMAND,),
+            max_nodes=5000,
+        ),
+        NodePool(
+            "gpu-spot",
+            instance_types=tuple(t.name for t in gpu_types if t.gpu_model in ("T4", "A10", "L4")),
+            taints=(GPU_TAINT, Taint("spot", TaintEffect.NO_SCHEDULE, "true")),
+            capacity_types=(CapacityType.SPOT,),
+            weight=10,
+            max_nodes=200,
+        ),
+        NodePool(
+            "cpu",
+            instance_types=tuple(t.name for t in cpu_types),
+            max_nodes=2000,
+            daemonset_overhead=Resources(200, 512, 0, 5),
+        ),
     )
     existing: list[Node] = []
     bound: list[Pod] = []
     for i in range(nodes):
         t = rng.choice(gpu_types if i % 3 else cpu_types)
         zone = rng.choice(ZONES)
-        lab = {L.INSTANCE_TYPE: t.name, L.ZONE: zone, L.CAPACITY_TYPE: "on-demand",
-               L.POOL: "gpu" if t.gpu_count else "cpu"}
+        lab = {
+            L.INSTANCE_TYPE: t.name,
+            L.ZONE: zone,
+            L.CAPACITY_TYPE: "on-demand",
+            L.POOL: "gpu" if t.gpu_count else "cpu",
+        }
         if t.gpu_model:
             lab[L.GPU_PRODUCT] = t.gpu_model
         name = f"node-{i:04d}"
-        existing.append(Node(name, Resources(t.vcpus * 1000, t.memory_mib, t.gpu_count), lab,
-                             (GPU_TAINT,) if t.gpu_count else (), pool=lab[L.POOL]))
+        existing.append(
+            Node(
+                name,
+                Resources(t.vcpus * 1000, t.memory_mib, t.gpu_count),
+                lab,
+                (GPU_TAINT,) if t.gpu_count else (),
+                pool=lab[L.POOL],
+            )
+        )
         for g in range(t.gpu_count if rng.random() < 0.9 else 0):
-            bound.append(Pod(f"run-{i}-{g}", request=Request(2000, 8192, 1), node_name=name, phase="Running",
-                             tolerations=(GPU_TOLERATION,)))
+            bound.append(
+                Pod(
+                    f"run-{i}-{g}",
+                    request=Request(2000, 8192, 1),
+                    node_name=name,
+                    phase="Running",
+                    tolerations=(GPU_TOLERATION,),
+                )
+            )
         if not t.gpu_count:
-            bound.append(Pod(f"run-{i}-c", request=Request(t.vcpus * 800, t.memory_mib // 2), node_name=name,
-                             phase="Running"))
+            bound.append(
+                Pod(f"run-{i}-c", request=Request(t.vcpus * 800, t.memory_mib // 2), node_name=name, phase="Running")
+            )
     pending: list[Pod] = []
     models = list(GPU_MODELS)
     for j in range(pods):
@@ -140,8 +179,9 @@ def synthetic_snapshot(seed: int = 7, pods: int = 10_000, nodes: int = 1_000) ->
             sel[L.GPU_PRODUCT] = rng.choice(models)
         if rng.random() < 0.2:
             sel[L.ZONE] = rng.choice(ZONES)
-        pending.append(Pod(f"p-{j:05d}", request=req, node_selector=sel, tolerations=tols,
-                           priority=rng.choice((0, 0, 0, 100))))
+        pending.append(
+            Pod(f"p-{j:05d}", request=req, node_selector=sel, tolerations=tols, priority=rng.choice((0, 0, 0, 100)))
+        )
     return Snapshot(tuple(bound + pending), tuple(existing), pools, cat)
 
 
@@ -170,8 +210,16 @@ def run(snapshot: Snapshot, solver: bool, label: str) -> BenchResult:
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     pending = sum(1 for p in snapshot.pods if p.pending)
-    return BenchResult(label, seconds, pending / seconds, peak / 2**20, len(result.launches),
-                       sum(x.count for x in result.launches), result.total_hourly_cost, len(result.blocked))
+    return BenchResult(
+        label,
+        seconds,
+        pending / seconds,
+        peak / 2**20,
+        len(result.launches),
+        sum(x.count for x in result.launches),
+        result.total_hourly_cost,
+        len(result.blocked),
+    )
 
 
 @click.command("planner")
