@@ -178,7 +178,18 @@ def _register_optional() -> None:
     bench_group.add_command(openb_command, "openb")
 
 
+def _register_server() -> None:
+    """GPR commands need the ``server`` extra (fastapi, uvicorn, httpx)."""
+    try:
+        from gpuscale.gpr.cli import gpr_group, serve_command
+    except ImportError:  # pragma: no cover - extra not installed
+        return
+    main.add_command(gpr_group, "gpr")
+    main.add_command(serve_command, "serve")
+
+
 _register_optional()
+_register_server()
 
 
 if __name__ == "__main__":  # pragma: no cover

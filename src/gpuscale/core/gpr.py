@@ -1,0 +1,1419 @@
+"""GPU Provisioning Requests (GPRs): model, validation, lifecycle state machine and the pure GPR planner.
+
+A GPR asks for ``numberOfGPUNodes`` nodes with ``numberOfGPUs`` GPUs each, of one GPU shape, for ``exitDuration``.
+Field names follow Avesha EGS so existing requests carry over (:data:`SPEC_FIELDS`). Everything here is pure: the
+imperative shell (:mod:`gpuscale.gpr`) loads GPRs, observes nodes, calls :func:`plan_gprs` and applies its actions.
+
+Lifecycle (:data:`TRANSITIONS`; every edge has one trigger, :data:`TRIGGER_DOCS` says when it fires, and
+:func:`transition` rejects every other edge)::
+
+    Queued        --admit---------------> Provisioning   free inventory reserved and/or scale-up launched
+    Queued        --cancel--------------> Cancelled      user cancel (only while queued)
+    Queued        --delay-limit---------> Failed         delayedCount reached MAX_DELAYED_COUNT
+    Queued        --unservable----------> Failed         spec no longer matches the catalog
+    Provisioning  --nodes-ready---------> Provisioned    all nodes ready and labelled; exit clock starts
+    Provisioning  --provisioning-failed-> Failed         launch rejected, node failed, or deadline missed
+    Provisioning  --early-release-------> Released       user release
+    Provisioning  --evict---------------> Evicted        a higher-priority GPR needs the capacity
+    Provisioned   --exit-duration-------> Complete       exitDuration elapsed
+    Provisioned   --early-release-------> Released       user release
+    Provisioned   --idle-timeout--------> Released       no GPU use for idleTimeOutDuration (enforced)
+    Provisioned   --node-lost-----------> Failed         a node disappeared
+    Provisioned   --evict---------------> Evicted        a higher-priority GPR needs the capacity
+    Failed        --requeue-------------> Queued         requeueOnFailure, retryCount < limit (not after
+    Evicted       --requeue-------------> Queued         delay-limit or unservable); a new attempt/request id
+
+Nodes serving a GPR carry the label and ``NoSchedule`` taint ``gpuscale.io/gpr=<gprId>`` (:func:`gpr_node_labels`,
+:func:`gpr_node_taints`); only pods matching ``workloadSelector`` and tolerating the taint belong there
+(:func:`admits_pod`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import heapq
+import itertools
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from gpuscale.core.gpus import gpu_model_variants, normalize_gpu_model
+from gpuscale.core.labels import GPU_PRODUCT, POOL
+from gpuscale.core.model import CapacityType, Catalog, InstanceType, Offering, Pod, Taint, TaintEffect, Toleration
+from gpuscale.errors import GpuscaleError, InputError
+
+API_VERSION = "gpuscale.io/v1alpha1"
+KIND = "GPUProvisioningRequest"
+SHORT_NAME = "gpr"
+
+PRIORITY_MIN = 1
+PRIORITY_MAX = 300
+DEFAULT_PRIORITY = 101
+MAX_NODES_PER_GPR = 100
+
+GPR_LABEL = "gpuscale.io/gpr"
+"""Label (value: the gprId) on every node serving a GPR; pods select it with a node selector."""
+GPR_TAINT = "gpuscale.io/gpr"
+"""``NoSchedule`` taint key (value: the gprId) on every node serving a GPR; its workloads tolerate it."""
+REQUEST_ID_PREFIX = "gpr-"
+
+
+# ------------------------------------------------------------------------------------------------------- durations
+_DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+def parse_duration(text: str, *, where: str = "duration") -> int:
+    """Seconds in an EGS duration: ``0d8h0m``, ``8h``, ``30m``, ``1d12h``, ``90s`` (each unit optional, in order).
+
+    Raises :class:`InputError` naming ``where`` for a negative, empty or malformed value.
+    """
+    if not isinstance(text, str):
+        raise InputError("must be a duration string", where=where, value=text, fix="write e.g. 0d8h0m, 8h or 30m")
+    s = text.strip().lower()
+    if s.startswith("-"):
+        raise InputError("must not be negative", where=where, value=text, fix="write a positive duration such as 8h")
+    m = _DURATION_RE.match(s)
+    if not s or m is None or not any(m.groups()):
+        raise InputError(
+            "is not a duration", where=where, value=text, fix="use days/hours/minutes/seconds in order: 0d8h0m, 8h, 30m"
+        )
+    d, h, mi, sec = (int(g) if g else 0 for g in m.groups())
+    return ((d * 24 + h) * 60 + mi) * 60 + sec
+
+
+def format_duration(seconds: float) -> str:
+    """EGS form of a duration: ``0d8h0m`` (``s`` appended only when there are leftover seconds)."""
+    total = max(0, round(seconds))
+    d, rem = divmod(total, 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    return f"{d}d{h}h{m}m" + (f"{s}s" if s else "")
+
+
+def priority_band(priority: int) -> str:
+    """``low`` (1-100), ``medium`` (101-200) or ``high`` (201-300)."""
+    return "low" if priority <= 100 else "medium" if priority <= 200 else "high"
+
+
+def format_timestamp(t: float | None) -> str | None:
+    """RFC 3339 UTC timestamp of Unix time ``t`` (None stays None)."""
+    return None if t is None else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ------------------------------------------------------------------------------------------------------------- spec
+@dataclass(frozen=True, slots=True)
+class FieldError:
+    """One problem with one field of a request (``field`` is the EGS field name)."""
+
+    field: str
+    message: str
+
+
+class GprValidationError(InputError):
+    """A GPR spec is invalid; ``errors`` lists every field-level problem."""
+
+    def __init__(self, errors: Sequence[FieldError]) -> None:
+        self.errors = tuple(errors)
+        text = "; ".join(f"{e.field}: {e.message}" for e in self.errors)
+        super().__init__(f"invalid GPU provisioning request: {text}")
+
+
+class IllegalTransition(GpuscaleError):
+    """A lifecycle transition that the state machine does not allow (e.g. cancelling a provisioned GPR)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GprSpec:
+    """What a GPR asks for. Durations in seconds; ``memory_per_gpu`` in GB; ``workload_selector`` pod labels."""
+
+    request_name: str
+    exit_duration_s: int
+    cluster_name: str = ""
+    instance_type: str | None = None
+    gpu_shape: str | None = None
+    enable_auto_gpu_selection: bool = False
+    number_of_gpus: int = 1
+    number_of_gpu_nodes: int = 1
+    memory_per_gpu: int | None = None
+    priority: int = DEFAULT_PRIORITY
+    idle_timeout_s: int | None = None
+    enforce_idle_timeout: bool = False
+    early_release: bool = False
+    enable_eviction: bool = False
+    requeue_on_failure: bool = False
+    enable_dynamic_node_pool: bool = True
+    workload_selector: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs over all nodes."""
+        return self.number_of_gpus * self.number_of_gpu_nodes
+
+
+SPEC_FIELDS: tuple[str, ...] = (
+    "requestName",
+    "clusterName",
+    "instanceType",
+    "gpuShape",
+    "enableAutoGpuSelection",
+    "numberOfGPUs",
+    "numberOfGPUNodes",
+    "memoryPerGpu",
+    "priority",
+    "exitDuration",
+    "idleTimeOutDuration",
+    "enforceIdleTimeOut",
+    "earlyRelease",
+    "enableEviction",
+    "requeueOnFailure",
+    "enableDynamicNodePool",
+    "workloadSelector",
+)
+"""EGS spec field names, in documentation order."""
+
+_LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_LABEL_KEY_RE = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+class _Reader:
+    """Reads typed fields from an EGS dict, collecting field errors instead of raising on the first."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self.data = data
+        self.errors: list[FieldError] = []
+
+    def err(self, name: str, message: str) -> None:
+        self.errors.append(FieldError(name, message))
+
+    def string(self, name: str, *, required: bool = False) -> str | None:
+        v = self.data.get(name)
+        if v is None or (isinstance(v, str) and not v.strip()):
+            if required:
+                self.err(name, "is required")
+            return None
+        if not isinstance(v, str):
+            self.err(name, f"must be a string, got {type(v).__name__} {v!r}")
+            return None
+        return v.strip()
+
+    def integer(self, name: str, default: int | None) -> int | None:
+        v = self.data.get(name)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, int | float) or (isinstance(v, float) and not v.is_integer()):
+            self.err(name, f"must be an integer, got {v!r}")
+            return default
+        return int(v)
+
+    def boolean(self, name: str, default: bool | None) -> bool | None:
+        v = self.data.get(name)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            self.err(name, f"must be true or false, got {v!r}")
+            return default
+        return v
+
+    def duration(self, name: str, *, required: bool = False) -> int | None:
+        v = self.data.get(name)
+        if v is None or v == "":
+            if required:
+                self.err(name, "is required (a duration such as 0d8h0m, 8h or 30m)")
+            return None
+        try:
+            return parse_duration(v, where=name)
+        except InputError as exc:
+            self.err(name, f"{exc.args[0].split(': ', 1)[-1]}")
+            return None
+
+
+def spec_from_dict(data: Mapping[str, Any]) -> GprSpec:
+    """Structural parse of an EGS spec dict (types, ranges, durations); raises :class:`GprValidationError`.
+
+    Unknown fields are ignored (EGS requests may carry more), except near-misses of known names, which are
+    reported as likely typos. Catalog checks are in :func:`validate_spec`.
+    """
+    if not isinstance(data, Mapping):
+        raise GprValidationError([FieldError("spec", f"must be an object, got {type(data).__name__}")])
+    r = _Reader(data)
+    for key in data:
+        if key not in SPEC_FIELDS and key not in ("gprId", "spec", "status", "apiVersion", "kind", "metadata"):
+            close = difflib.get_close_matches(str(key), SPEC_FIELDS, n=1, cutoff=0.85)
+            if close:
+                r.err(str(key), f"unknown field; did you mean {close[0]}?")
+    name = r.string("requestName", required=True)
+    if name is not None and len(name) > 253:
+        r.err("requestName", "must be at most 253 characters")
+    exit_s = r.duration("exitDuration", required=True)
+    if exit_s == 0:
+        r.err("exitDuration", "must be longer than zero")
+    idle_s = r.duration("idleTimeOutDuration")
+    if idle_s == 0:
+        idle_s = None
+    gpus = r.integer("numberOfGPUs", 1)
+    nodes = r.integer("numberOfGPUNodes", 1)
+    mem = r.integer("memoryPerGpu", None)
+    prio = r.integer("priority", DEFAULT_PRIORITY)
+    if gpus is not None and gpus < 1:
+        r.err("numberOfGPUs", f"must be at least 1 GPU per node, got {gpus}")
+    if nodes is not None and not 1 <= nodes <= MAX_NODES_PER_GPR:
+        r.err("numberOfGPUNodes", f"must be between 1 and {MAX_NODES_PER_GPR}, got {nodes}")
+    if mem is not None and mem < 0:
+        r.err("memoryPerGpu", f"must not be negative, got {mem}")
+    if prio is not None and not PRIORITY_MIN <= prio <= PRIORITY_MAX:
+        r.err(
+            "priority",
+            f"must be between {PRIORITY_MIN} and {PRIORITY_MAX} (low 1-100, medium 101-200, high 201-300), got {prio}",
+        )
+    enforce = r.boolean("enforceIdleTimeOut", None)
+    selector = _workload_selector(r)
+    spec = GprSpec(
+        request_name=name or "",
+        exit_duration_s=exit_s or 0,
+        cluster_name=r.string("clusterName") or "",
+        instance_type=r.string("instanceType"),
+        gpu_shape=r.string("gpuShape"),
+        enable_auto_gpu_selection=bool(r.boolean("enableAutoGpuSelection", False)),
+        number_of_gpus=gpus or 1,
+        number_of_gpu_nodes=nodes or 1,
+        memory_per_gpu=mem or None,
+        priority=prio if prio is not None else DEFAULT_PRIORITY,
+        idle_timeout_s=idle_s,
+        enforce_idle_timeout=(idle_s is not None) if enforce is None else (enforce and idle_s is not None),
+        early_release=bool(r.boolean("earlyRelease", False)),
+        enable_eviction=bool(r.boolean("enableEviction", False)),
+        requeue_on_failure=bool(r.boolean("requeueOnFailure", False)),
+        enable_dynamic_node_pool=bool(r.boolean("enableDynamicNodePool", True)),
+        workload_selector=selector,
+    )
+    if r.errors:
+        raise GprValidationError(r.errors)
+    return spec
+
+
+def _workload_selector(r: _Reader) -> dict[str, str]:
+    raw = r.data.get("workloadSelector")
+    if raw is None:
+        return {}
+    if isinstance(raw, Mapping) and "matchLabels" in raw:
+        extra = set(raw) - {"matchLabels"}
+        if extra:
+            r.err("workloadSelector", f"only matchLabels is supported, got {sorted(extra)}")
+        raw = raw["matchLabels"]
+    if not isinstance(raw, Mapping):
+        r.err("workloadSelector", "must be a map of pod labels (or {matchLabels: {...}})")
+        return {}
+    out: dict[str, str] = {}
+    for k, v in raw.items():
+        if not isinstance(k, str) or not _LABEL_KEY_RE.match(k) or not isinstance(v, str) or len(v) > 63:
+            r.err("workloadSelector", f"invalid label {k!r}={v!r}")
+        elif not _LABEL_VALUE_RE.match(v):
+            r.err("workloadSelector", f"invalid label value {v!r} for {k}")
+        else:
+            out[k] = v
+    return out
+
+
+def spec_to_dict(spec: GprSpec) -> dict[str, Any]:
+    """The EGS spec dict of ``spec`` (round-trips through :func:`spec_from_dict`)."""
+    return {
+        "requestName": spec.request_name,
+        "clusterName": spec.cluster_name,
+        "instanceType": spec.instance_type,
+        "gpuShape": spec.gpu_shape,
+        "enableAutoGpuSelection": spec.enable_auto_gpu_selection,
+        "numberOfGPUs": spec.number_of_gpus,
+        "numberOfGPUNodes": spec.number_of_gpu_nodes,
+        "memoryPerGpu": spec.memory_per_gpu,
+        "priority": spec.priority,
+        "exitDuration": format_duration(spec.exit_duration_s),
+        "idleTimeOutDuration": format_duration(spec.idle_timeout_s) if spec.idle_timeout_s else None,
+        "enforceIdleTimeOut": spec.enforce_idle_timeout,
+        "earlyRelease": spec.early_release,
+        "enableEviction": spec.enable_eviction,
+        "requeueOnFailure": spec.requeue_on_failure,
+        "enableDynamicNodePool": spec.enable_dynamic_node_pool,
+        "workloadSelector": {"matchLabels": dict(spec.workload_selector)},
+    }
+
+
+def _allowed_models(spec: GprSpec) -> frozenset[str] | None:
+    """Canonical GPU models the spec accepts (None: any model)."""
+    if spec.gpu_shape and not spec.enable_auto_gpu_selection:
+        return frozenset(gpu_model_variants(spec.gpu_shape))
+    return None
+
+
+def _mem_ok(spec: GprSpec, gpu_memory_mib: int) -> bool:
+    return spec.memory_per_gpu is None or gpu_memory_mib >= spec.memory_per_gpu * 1024 * 0.95
+
+
+def _price(it: InstanceType) -> float:
+    o = _on_demand(it)
+    return o.hourly_price if o is not None else math.inf
+
+
+def _on_demand(it: InstanceType) -> Offering | None:
+    avail = [o for o in it.offerings if o.available and o.capacity_type is CapacityType.ON_DEMAND]
+    if avail:
+        return min(avail, key=lambda o: (o.hourly_price, o.zone))
+    return it.cheapest()
+
+
+def candidate_types(spec: GprSpec, catalog: Catalog) -> tuple[InstanceType, ...]:
+    """Catalog instance types that can serve one node of ``spec``, best first (preferred shape, price, GPUs, name).
+
+    With ``instanceType`` only that type; with ``gpuShape`` the types of that model (its memory variants too); with
+    ``enableAutoGpuSelection`` every GPU type with enough GPUs and memory, the ``gpuShape`` ones first.
+    """
+    if spec.instance_type:
+        it = catalog.by_name().get(spec.instance_type)
+        ok = it is not None and it.gpu_count >= spec.number_of_gpus and _mem_ok(spec, it.gpu_memory_mib)
+        return (it,) if ok and it is not None else ()
+    preferred: frozenset[str] = frozenset()
+    if spec.gpu_shape:
+        try:
+            preferred = frozenset(gpu_model_variants(spec.gpu_shape))
+        except InputError:
+            preferred = frozenset()
+    allowed = _allowed_models(spec)
+    if allowed is None and not spec.enable_auto_gpu_selection:
+        return ()
+    out = [
+        it
+        for it in catalog.instance_types
+        if it.gpu_count >= spec.number_of_gpus
+        and it.gpu_model
+        and (allowed is None or it.gpu_model in allowed)
+        and _mem_ok(spec, it.gpu_memory_mib)
+        and _on_demand(it) is not None
+    ]
+    out.sort(key=lambda it: (it.gpu_model not in preferred, _price(it), it.gpu_count, it.name))
+    return tuple(out)
+
+
+def validate_spec(spec: GprSpec, catalog: Catalog) -> list[FieldError]:
+    """Field errors of ``spec`` against ``catalog``: unknown instance type or GPU shape, too many GPUs per node,
+    too much memory per GPU, or no shape given at all. Empty when the spec can be served by the catalog."""
+    errors: list[FieldError] = []
+    models = sorted({it.gpu_model for it in catalog.instance_types if it.gpu_model})
+    types = catalog.by_name()
+    if spec.instance_type:
+        it = types.get(spec.instance_type)
+        if it is None:
+            close = difflib.get_close_matches(spec.instance_type, list(types), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            errors.append(FieldError("instanceType", f"unknown instance type {spec.instance_type!r}{hint}"))
+            return errors
+        if not it.gpu_count:
+            errors.append(FieldError("instanceType", f"{it.name} has no GPUs"))
+        elif it.gpu_count < spec.number_of_gpus:
+            errors.append(FieldError("numberOfGPUs", f"{it.name} has only {it.gpu_count} GPUs per node"))
+        if spec.gpu_shape:
+            try:
+                if it.gpu_model not in gpu_model_variants(spec.gpu_shape):
+                    errors.append(
+                        FieldError("gpuShape", f"{spec.gpu_shape!r} does not match {it.name} ({it.gpu_model})")
+                    )
+            except InputError as exc:
+                errors.append(FieldError("gpuShape", str(exc)))
+        if not _mem_ok(spec, it.gpu_memory_mib):
+            errors.append(
+                FieldError("memoryPerGpu", f"{it.name} has {it.gpu_memory_mib // 1024} GB per GPU, asked for more")
+            )
+        return errors
+    if not spec.gpu_shape and not spec.enable_auto_gpu_selection:
+        errors.append(FieldError("gpuShape", "give gpuShape or instanceType, or set enableAutoGpuSelection: true"))
+        return errors
+    if spec.gpu_shape:
+        try:
+            variants = gpu_model_variants(spec.gpu_shape)
+        except InputError as exc:
+            errors.append(FieldError("gpuShape", str(exc)))
+            return errors
+        shape_types = [it for it in catalog.instance_types if it.gpu_model in variants]
+        if not shape_types and not spec.enable_auto_gpu_selection:
+            known = ", ".join(models) or "none"
+            errors.append(
+                FieldError(
+                    "gpuShape",
+                    f"unknown GPU shape {spec.gpu_shape!r} ({normalize_gpu_model(spec.gpu_shape)}) in catalog "
+                    f"{catalog.name}; available shapes: {known}",
+                )
+            )
+            return errors
+    if candidate_types(spec, catalog):
+        return errors
+    scope = [
+        it
+        for it in catalog.instance_types
+        if it.gpu_model and (_allowed_models(spec) is None or it.gpu_model in (_allowed_models(spec) or ()))
+    ]
+    max_gpus = max((it.gpu_count for it in scope), default=0)
+    if spec.number_of_gpus > max_gpus:
+        errors.append(FieldError("numberOfGPUs", f"at most {max_gpus} GPUs per node are available for this shape"))
+    else:
+        max_mem = max((it.gpu_memory_mib for it in scope), default=0) // 1024
+        errors.append(FieldError("memoryPerGpu", f"at most {max_mem} GB per GPU are available for this shape"))
+    return errors
+
+
+def parse_gpr_spec(data: Mapping[str, Any], catalog: Catalog) -> GprSpec:
+    """Parse and validate an EGS spec dict against ``catalog``; raises :class:`GprValidationError` with every
+    field-level problem."""
+    spec = spec_from_dict(data)
+    errors = validate_spec(spec, catalog)
+    if errors:
+        raise GprValidationError(errors)
+    return spec
+
+
+def estimate_cost(spec: GprSpec, catalog: Catalog) -> float:
+    """Estimated cost (currency of the catalog) of ``spec`` on its cheapest candidate type for the full exit
+    duration; 0.0 when the catalog has no candidate."""
+    cands = candidate_types(spec, catalog)
+    if not cands:
+        return 0.0
+    return round(_price(cands[0]) * spec.number_of_gpu_nodes * spec.exit_duration_s / 3600.0, 4)
+
+
+# ------------------------------------------------------------------------------------------------------ lifecycle
+class GprState(StrEnum):
+    """``provisioningStatus`` of a GPR."""
+
+    QUEUED = "Queued"
+    PROVISIONING = "Provisioning"
+    PROVISIONED = "Provisioned"
+    COMPLETE = "Complete"
+    RELEASED = "Released"
+    FAILED = "Failed"
+    EVICTED = "Evicted"
+    CANCELLED = "Cancelled"
+
+
+class Trigger(StrEnum):
+    """What moves a GPR from one state to the next."""
+
+    ADMIT = "admit"
+    NODES_READY = "nodes-ready"
+    EXIT_DURATION = "exit-duration"
+    EARLY_RELEASE = "early-release"
+    IDLE_TIMEOUT = "idle-timeout"
+    PROVISIONING_FAILED = "provisioning-failed"
+    NODE_LOST = "node-lost"
+    DELAY_LIMIT = "delay-limit"
+    UNSERVABLE = "unservable"
+    EVICT = "evict"
+    REQUEUE = "requeue"
+    CANCEL = "cancel"
+
+
+TRANSITIONS: Mapping[tuple[GprState, Trigger], GprState] = {
+    (GprState.QUEUED, Trigger.ADMIT): GprState.PROVISIONING,
+    (GprState.QUEUED, Trigger.CANCEL): GprState.CANCELLED,
+    (GprState.QUEUED, Trigger.DELAY_LIMIT): GprState.FAILED,
+    (GprState.QUEUED, Trigger.UNSERVABLE): GprState.FAILED,
+    (GprState.PROVISIONING, Trigger.NODES_READY): GprState.PROVISIONED,
+    (GprState.PROVISIONING, Trigger.PROVISIONING_FAILED): GprState.FAILED,
+    (GprState.PROVISIONING, Trigger.EARLY_RELEASE): GprState.RELEASED,
+    (GprState.PROVISIONING, Trigger.EVICT): GprState.EVICTED,
+    (GprState.PROVISIONED, Trigger.EXIT_DURATION): GprState.COMPLETE,
+    (GprState.PROVISIONED, Trigger.EARLY_RELEASE): GprState.RELEASED,
+    (GprState.PROVISIONED, Trigger.IDLE_TIMEOUT): GprState.RELEASED,
+    (GprState.PROVISIONED, Trigger.NODE_LOST): GprState.FAILED,
+    (GprState.PROVISIONED, Trigger.EVICT): GprState.EVICTED,
+    (GprState.FAILED, Trigger.REQUEUE): GprState.QUEUED,
+    (GprState.EVICTED, Trigger.REQUEUE): GprState.QUEUED,
+}
+"""The whole state machine: (state, trigger) -> next state. Any pair not listed is an illegal transition."""
+
+TRIGGER_DOCS: Mapping[Trigger, str] = {
+    Trigger.ADMIT: "capacity was found: free inventory nodes reserved and/or a scale-up launched",
+    Trigger.NODES_READY: "every node of the GPR is ready and labelled for it; the exit-duration clock starts",
+    Trigger.EXIT_DURATION: "exitDuration elapsed since startTimestamp",
+    Trigger.EARLY_RELEASE: "the user released the GPR (earlyRelease) before its exit duration",
+    Trigger.IDLE_TIMEOUT: "no GPU use on its nodes for idleTimeOutDuration (when enforceIdleTimeOut)",
+    Trigger.PROVISIONING_FAILED: "the provider rejected the launch, a node failed, or nodes missed the deadline",
+    Trigger.NODE_LOST: "a node serving the provisioned GPR disappeared",
+    Trigger.DELAY_LIMIT: "delayedCount reached MAX_DELAYED_COUNT without the GPR being served",
+    Trigger.UNSERVABLE: "the spec no longer matches any instance type of the catalog",
+    Trigger.EVICT: "a higher-priority GPR needed its capacity (the GPR has enableEviction)",
+    Trigger.REQUEUE: "requeueOnFailure is set and retryCount is below the limit",
+    Trigger.CANCEL: "the user cancelled the GPR while it was still queued",
+}
+
+HOLDING_STATES = frozenset({GprState.PROVISIONING, GprState.PROVISIONED})
+"""States in which a GPR holds nodes."""
+FINAL_STATES = frozenset({GprState.COMPLETE, GprState.RELEASED, GprState.CANCELLED})
+"""States no transition leaves. Failed and Evicted are final unless requeued."""
+_FAILURE_TRIGGERS = frozenset({Trigger.PROVISIONING_FAILED, Trigger.NODE_LOST, Trigger.DELAY_LIMIT, Trigger.UNSERVABLE})
+_REQUEUEABLE = frozenset({Trigger.PROVISIONING_FAILED, Trigger.NODE_LOST, Trigger.EVICT})
+
+
+@dataclass(frozen=True, slots=True)
+class NodePoolDetails:
+    """Where the GPR's nodes come from: provider, cluster, pool, provider node ids, the chosen instance type, the
+    launch request id and how many nodes that launch asked for."""
+
+    provider: str = ""
+    cluster: str = ""
+    pool: str = ""
+    node_ids: tuple[str, ...] = ()
+    instance_type: str = ""
+    zone: str = ""
+    request_id: str = ""
+    count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GprStatus:
+    """Observed state of a GPR. Times are Unix seconds; durations seconds."""
+
+    provisioning_status: GprState = GprState.QUEUED
+    internal_state: str = ""
+    failure_reason: str = ""
+    start_timestamp: float | None = None
+    completion_timestamp: float | None = None
+    remaining_duration_s: float | None = None
+    num_gpus_allocated: int = 0
+    node_list: tuple[str, ...] = ()
+    cost: float = 0.0
+    estimated_wait_time_s: float | None = None
+    delayed_count: int = 0
+    retry_count: int = 0
+    evicted_by: str = ""
+    scale_up_triggered: bool = False
+    node_pool_details: NodePoolDetails = field(default_factory=NodePoolDetails)
+    inventory_nodes: tuple[str, ...] = ()
+    """Names of existing (not launched-for-it) nodes reserved for the GPR."""
+    state_since: float = 0.0
+    last_trigger: str = ""
+    last_delayed_at: float | None = None
+    idle_since: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Gpr:
+    """A GPR: id, spec, status, creation time (Unix seconds)."""
+
+    gpr_id: str
+    spec: GprSpec
+    status: GprStatus
+    created_at: float
+
+    @property
+    def state(self) -> GprState:
+        """The provisioning status."""
+        return self.status.provisioning_status
+
+    @property
+    def request_id(self) -> str:
+        """Idempotency key of the current attempt's launch: deterministic per GPR and attempt."""
+        return f"{self.gpr_id}-a{self.status.retry_count}"
+
+
+def new_gpr(gpr_id: str, spec: GprSpec, catalog: Catalog, now: float) -> Gpr:
+    """A freshly queued GPR with its cost estimate."""
+    return Gpr(gpr_id, spec, GprStatus(cost=estimate_cost(spec, catalog), state_since=now), now)
+
+
+def _internal_state(state: GprState, before: GprState) -> str:
+    if state in HOLDING_STATES:
+        return "Reserved"
+    if state is GprState.QUEUED:
+        return ""
+    return "Released" if before in HOLDING_STATES or before is GprState.QUEUED else ""
+
+
+def transition(gpr: Gpr, trigger: Trigger, now: float, *, reason: str = "") -> Gpr:
+    """Apply ``trigger`` to ``gpr`` per :data:`TRANSITIONS`; raises :class:`IllegalTransition` for a forbidden edge.
+
+    Keeps the status bookkeeping consistent: ``internalState``, ``completionTimestamp`` on leaving for a final
+    state, ``failureReason`` on failures, ``retryCount`` and a fresh attempt on requeue.
+    """
+    nxt = TRANSITIONS.get((gpr.state, trigger))
+    if nxt is None:
+        allowed = sorted(t.value for (s, t) in TRANSITIONS if s is gpr.state)
+        raise IllegalTransition(
+            f"GPR {gpr.gpr_id} is {gpr.state}: {trigger} is not allowed"
+            + (f" (allowed: {', '.join(allowed)})" if allowed else " (the GPR is final)")
+        )
+    st = gpr.status
+    changes: dict[str, Any] = {
+        "provisioning_status": nxt,
+        "internal_state": _internal_state(nxt, gpr.state),
+        "state_since": now,
+        "last_trigger": trigger.value,
+        "idle_since": None,
+    }
+    if trigger in _FAILURE_TRIGGERS:
+        changes["failure_reason"] = reason or TRIGGER_DOCS[trigger]
+    if nxt is GprState.PROVISIONED:
+        changes.update(
+            start_timestamp=now,
+            failure_reason="",
+            remaining_duration_s=float(gpr.spec.exit_duration_s),
+            estimated_wait_time_s=0.0,
+        )
+    if nxt is GprState.PROVISIONING:
+        changes.update(failure_reason="", estimated_wait_time_s=0.0)
+    if nxt in (GprState.COMPLETE, GprState.RELEASED, GprState.FAILED, GprState.EVICTED, GprState.CANCELLED):
+        changes.update(completion_timestamp=now, remaining_duration_s=0.0 if st.start_timestamp else None)
+        changes.update(estimated_wait_time_s=None)
+    if nxt is GprState.QUEUED:
+        changes.update(
+            retry_count=st.retry_count + 1,
+            delayed_count=0,
+            last_delayed_at=None,
+            start_timestamp=None,
+            completion_timestamp=None,
+            remaining_duration_s=None,
+            num_gpus_allocated=0,
+            node_list=(),
+            inventory_nodes=(),
+            scale_up_triggered=False,
+            node_pool_details=NodePoolDetails(),
+        )
+    return replace(gpr, status=replace(st, **changes))
+
+
+def cancel(gpr: Gpr, now: float) -> Gpr:
+    """Cancel a queued GPR (:class:`IllegalTransition` in any other state)."""
+    return transition(gpr, Trigger.CANCEL, now, reason="cancelled by the user")
+
+
+def request_release(gpr: Gpr) -> Gpr:
+    """Mark a provisioning or provisioned GPR for early release; the next plan releases it."""
+    if gpr.state not in HOLDING_STATES:
+        raise IllegalTransition(
+            f"GPR {gpr.gpr_id} is {gpr.state}: only a Provisioning or Provisioned GPR can be released"
+            + (" (cancel a queued one instead)" if gpr.state is GprState.QUEUED else "")
+        )
+    return replace(gpr, spec=replace(gpr.spec, early_release=True))
+
+
+def with_priority(gpr: Gpr, priority: int) -> Gpr:
+    """Change the priority of a GPR that is not final; raises :class:`GprValidationError` when out of range."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise GprValidationError(
+            [FieldError("priority", f"must be an integer between {PRIORITY_MIN} and {PRIORITY_MAX}, got {priority!r}")]
+        )
+    if gpr.state in FINAL_STATES:
+        raise IllegalTransition(f"GPR {gpr.gpr_id} is {gpr.state}: its priority can no longer change")
+    return replace(gpr, spec=replace(gpr.spec, priority=priority))
+
+
+# ---------------------------------------------------------------------------------------------- node labelling
+def gpr_node_labels(gpr_id: str) -> dict[str, str]:
+    """Labels of every node serving GPR ``gpr_id``."""
+    return {GPR_LABEL: gpr_id}
+
+
+def gpr_node_taints(gpr_id: str) -> tuple[Taint, ...]:
+    """Taints of every node serving GPR ``gpr_id``: only its workloads may schedule there."""
+    return (Taint(GPR_TAINT, TaintEffect.NO_SCHEDULE, gpr_id),)
+
+
+def gpr_toleration(gpr_id: str) -> Toleration:
+    """The toleration a workload of GPR ``gpr_id`` needs."""
+    return Toleration(key=GPR_TAINT, operator="Equal", value=gpr_id, effect=TaintEffect.NO_SCHEDULE)
+
+
+def _tolerates(tol: Toleration, taint: Taint) -> bool:
+    if tol.effect is not None and tol.effect != taint.effect:
+        return False
+    if tol.operator == "Exists":
+        return tol.key in ("", taint.key)
+    return tol.key == taint.key and tol.value == taint.value
+
+
+def admits_pod(gpr: Gpr, pod: Pod) -> bool:
+    """True if ``pod`` belongs on the GPR's nodes: its labels match ``workloadSelector`` and it tolerates the GPR
+    taint. An empty selector matches no pod (a GPR never attracts unrelated workloads by accident)."""
+    sel = gpr.spec.workload_selector
+    if not sel or any(pod.labels.get(k) != v for k, v in sel.items()):
+        return False
+    return all(any(_tolerates(t, taint) for t in pod.tolerations) for taint in gpr_node_taints(gpr.gpr_id))
+
+
+def is_gpr_request_id(request_id: str) -> bool:
+    """True if a provider request id was made by the GPR manager (``gpr-...-a<attempt>``)."""
+    return request_id.startswith(REQUEST_ID_PREFIX) and re.search(r"-a\d+$", request_id) is not None
+
+
+def gpr_id_of_request(request_id: str) -> str:
+    """The gprId of a GPR launch request id."""
+    return re.sub(r"-a\d+$", "", request_id)
+
+
+# --------------------------------------------------------------------------------------------------- the planner
+@dataclass(frozen=True, slots=True)
+class GprConfig:
+    """Planner settings. ``max_delayed_count`` 0 means never give up; ``max_nodes`` None means unlimited."""
+
+    enable_dynamic_node: bool = True
+    max_delayed_count: int = 20
+    delay_interval_s: float = 60.0
+    max_retry_count: int = 3
+    provisioning_timeout_s: float = 1800.0
+    scale_up_latency_s: float = 300.0
+    """Expected time from launch to ready nodes, for wait-time estimates."""
+    idle_gpu_threshold: float = 0.05
+    """A node whose GPU utilisation (0..1) is at or below this is idle."""
+    max_nodes: int | None = None
+    """Most nodes gpuscale may have launched for GPRs at once."""
+    provider: str = ""
+    cluster: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GprNode:
+    """A node as the GPR planner sees it.
+
+    ``created`` nodes were launched for a GPR (``request_id`` names the launch) and are deleted when it ends;
+    others are existing inventory that a GPR borrows (labelled and tainted, never deleted). ``gpr_id`` is the
+    node's current GPR label. ``gpu_utilization`` (0..1, None unknown) feeds the idle timeout.
+    """
+
+    name: str
+    instance_type: str = ""
+    gpu_model: str | None = None
+    gpu_count: int = 0
+    gpu_memory_mib: int = 0
+    gpus_used: int = 0
+    ready: bool = True
+    gpr_id: str | None = None
+    created: bool = False
+    node_id: str = ""
+    request_id: str = ""
+    hourly_cost: float = 0.0
+    gpu_utilization: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityView:
+    """What the planner may use. ``scale_up_blocked`` says why launching is impossible now (e.g. a missing token);
+    ``failed_requests`` maps launch request ids to the asynchronous failure the provider reported.
+    ``observed_created`` is False when the provider's nodes could not be listed: launched nodes absent from
+    ``nodes`` are then unknown, not lost."""
+
+    nodes: tuple[GprNode, ...] = ()
+    scale_up_blocked: str | None = None
+    failed_requests: Mapping[str, str] = field(default_factory=dict)
+    observed_created: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionRecord:
+    """One state change the plan made."""
+
+    gpr_id: str
+    from_state: GprState
+    to_state: GprState
+    trigger: Trigger
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchAction:
+    """Launch ``count`` nodes for a GPR. ``request_id`` is deterministic per GPR and attempt (idempotent)."""
+
+    gpr_id: str
+    request_id: str
+    pool: str
+    instance_type: str
+    zone: str
+    count: int
+    labels: Mapping[str, str]
+    taints: tuple[Taint, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AssignNode:
+    """Label and taint an existing node for a GPR (idempotent)."""
+
+    gpr_id: str
+    node_name: str
+    labels: Mapping[str, str]
+    taints: tuple[Taint, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteNode:
+    """Delete a node launched for a GPR that no longer holds it, by its provider id."""
+
+    node_id: str
+    node_name: str
+    gpr_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class UnassignNode:
+    """Remove the GPR label and taint from an existing node that its GPR no longer holds."""
+
+    node_name: str
+    gpr_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class GprActions:
+    """The result of :func:`plan_gprs`: persist ``updates`` (write-ahead) first, then apply the node actions in
+    order: deletes and unassigns, then assigns and launches."""
+
+    updates: tuple[Gpr, ...] = ()
+    transitions: tuple[TransitionRecord, ...] = ()
+    launches: tuple[LaunchAction, ...] = ()
+    assigns: tuple[AssignNode, ...] = ()
+    deletes: tuple[DeleteNode, ...] = ()
+    unassigns: tuple[UnassignNode, ...] = ()
+
+    def by_id(self) -> dict[str, Gpr]:
+        """Updated GPRs by id."""
+        return {g.gpr_id: g for g in self.updates}
+
+
+def queue_order(gprs: Iterable[Gpr]) -> list[Gpr]:
+    """Queued GPRs in service order: higher priority first, then older, then id."""
+    return sorted(
+        (g for g in gprs if g.state is GprState.QUEUED), key=lambda g: (-g.spec.priority, g.created_at, g.gpr_id)
+    )
+
+
+def _node_matches(spec: GprSpec, node: GprNode) -> bool:
+    if node.created or not node.ready or not node.gpu_count:
+        return False
+    if node.gpu_count - node.gpus_used < spec.number_of_gpus or not _mem_ok(spec, node.gpu_memory_mib):
+        return False
+    if spec.instance_type:
+        return node.instance_type == spec.instance_type
+    allowed = _allowed_models(spec)
+    if allowed is None:
+        return spec.enable_auto_gpu_selection and node.gpu_model is not None
+    return node.gpu_model in allowed
+
+
+def _pick_nodes(spec: GprSpec, free: Sequence[GprNode], n: int) -> list[GprNode]:
+    """Up to ``n`` matching free nodes, tightest fit first (fewest GPUs, cheapest, name)."""
+    match = [x for x in free if _node_matches(spec, x)]
+    match.sort(key=lambda x: (x.gpu_count - x.gpus_used, x.hourly_cost, x.name))
+    return match[:n]
+
+
+class _Planner:
+    def __init__(self, gprs: Sequence[Gpr], view: CapacityView, catalog: Catalog, config: GprConfig, now: float):
+        self.cur: dict[str, Gpr] = {g.gpr_id: g for g in gprs}
+        self.orig = dict(self.cur)
+        self.view = view
+        self.catalog = catalog
+        self.cfg = config
+        self.now = now
+        self.types = catalog.by_name()
+        self.transitions: list[TransitionRecord] = []
+        self.launches: list[LaunchAction] = []
+
+    # -- helpers
+    def move(self, g: Gpr, trigger: Trigger, reason: str = "") -> Gpr:
+        nxt = transition(g, trigger, self.now, reason=reason)
+        self.transitions.append(TransitionRecord(g.gpr_id, g.state, nxt.state, trigger, reason))
+        self.cur[g.gpr_id] = nxt
+        return nxt
+
+    def set_status(self, g: Gpr, **changes: Any) -> Gpr:
+        nxt = replace(g, status=replace(g.status, **changes))
+        self.cur[g.gpr_id] = nxt
+        return nxt
+
+    def owned(self, g: Gpr) -> list[GprNode]:
+        """Nodes currently serving ``g``: its launched nodes of the current attempt and its borrowed ones."""
+        inv = set(g.status.inventory_nodes)
+        rid = g.request_id
+        return [n for n in self.view.nodes if (n.created and n.request_id == rid) or (not n.created and n.name in inv)]
+
+    def dynamic_ok(self, g: Gpr) -> bool:
+        return self.cfg.enable_dynamic_node and g.spec.enable_dynamic_node_pool
+
+    def node_cost(self, n: GprNode) -> float:
+        if n.hourly_cost:
+            return n.hourly_cost
+        it = self.types.get(n.instance_type)
+        return _price(it) if it is not None and math.isfinite(_price(it)) else 0.0
+
+    # -- steps
+    def run(self) -> GprActions:
+        for g in list(self.cur.values()):
+            if g.state in HOLDING_STATES and g.spec.early_release:
+                self.move(g, Trigger.EARLY_RELEASE, "released early by the user")
+        for g in list(self.cur.values()):
+            if g.state is GprState.PROVISIONED:
+                self.step_provisioned(g)
+            elif g.state is GprState.PROVISIONING:
+                self.step_provisioning(g)
+        for g in list(self.cur.values()):
+            if (
+                g.state in (GprState.FAILED, GprState.EVICTED)
+                and g.spec.requeue_on_failure
+                and g.status.last_trigger in _REQUEUEABLE
+                and g.status.retry_count < self.cfg.max_retry_count
+            ):
+                self.move(g, Trigger.REQUEUE, f"requeued after {g.status.last_trigger}")
+        waits = self.admit_queue()
+        for gid, w in waits.items():
+            g = self.cur[gid]
+            if g.state is GprState.QUEUED and g.status.estimated_wait_time_s != w:
+                self.set_status(g, estimated_wait_time_s=w)
+        assigns, deletes, unassigns = self.node_actions()
+        updates = tuple(g for gid, g in self.cur.items() if g != self.orig.get(gid))
+        return GprActions(
+            updates=updates,
+            transitions=tuple(self.transitions),
+            launches=tuple(self.launches),
+            assigns=tuple(assigns),
+            deletes=tuple(deletes),
+            unassigns=tuple(unassigns),
+        )
+
+    def step_provisioned(self, g: Gpr) -> None:
+        owned = self.owned(g)
+        names = {n.name for n in owned}
+        inv = set(g.status.inventory_nodes)
+        missing = [x for x in g.status.node_list if x not in names and (self.view.observed_created or x in inv)]
+        if missing:
+            self.move(g, Trigger.NODE_LOST, f"node(s) {', '.join(missing)} disappeared")
+            return
+        start = g.status.start_timestamp if g.status.start_timestamp is not None else self.now
+        end = start + g.spec.exit_duration_s
+        if self.now >= end:
+            self.move(g, Trigger.EXIT_DURATION, "exit duration reached")
+            return
+        idle_since = g.status.idle_since
+        if g.spec.idle_timeout_s and g.spec.enforce_idle_timeout:
+            utils = [n.gpu_utilization for n in owned]
+            idle = bool(utils) and all(u is not None and u <= self.cfg.idle_gpu_threshold for u in utils)
+            idle_since = (idle_since if idle_since is not None else self.now) if idle else None
+            if idle_since is not None and self.now - idle_since >= g.spec.idle_timeout_s:
+                self.move(g, Trigger.IDLE_TIMEOUT, f"no GPU use for {format_duration(self.now - idle_since)}")
+                return
+        self.set_status(g, remaining_duration_s=end - self.now, idle_since=idle_since)
+
+    def step_provisioning(self, g: Gpr) -> None:
+        st = g.status
+        rid = g.request_id
+        if st.scale_up_triggered and rid in self.view.failed_requests:
+            self.move(g, Trigger.PROVISIONING_FAILED, self.view.failed_requests[rid])
+            return
+        owned = self.owned(g)
+        created = [n for n in owned if n.created]
+        ready = [n for n in owned if n.ready and n.gpr_id == g.gpr_id]
+        if st.scale_up_triggered and st.node_pool_details.count and not self.view.observed_created:
+            if self.view.scale_up_blocked is not None:
+                self.move(g, Trigger.PROVISIONING_FAILED, self.view.scale_up_blocked)
+            elif self.now - st.state_since >= self.cfg.provisioning_timeout_s:
+                self.move(g, Trigger.PROVISIONING_FAILED, "launched nodes cannot be observed")
+            return
+        if len(ready) >= g.spec.number_of_gpu_nodes and len(created) >= st.node_pool_details.count:
+            nodes = tuple(sorted(n.name for n in ready))
+            details = replace(st.node_pool_details, node_ids=tuple(sorted(n.node_id for n in created)))
+            g = self.move(g, Trigger.NODES_READY)
+            cost = sum(self.node_cost(n) for n in ready) * g.spec.exit_duration_s / 3600.0
+            self.set_status(
+                g,
+                node_list=nodes,
+                num_gpus_allocated=g.spec.number_of_gpus * len(ready),
+                node_pool_details=details,
+                cost=round(cost, 4) if cost else g.status.cost,
+            )
+            return
+        if self.now - st.state_since >= self.cfg.provisioning_timeout_s:
+            self.move(
+                g,
+                Trigger.PROVISIONING_FAILED,
+                f"{len(ready)}/{g.spec.number_of_gpu_nodes} nodes ready after "
+                f"{format_duration(self.now - st.state_since)}",
+            )
+            return
+        need = st.node_pool_details.count - len(created)
+        if st.scale_up_triggered and need > 0:
+            if self.view.scale_up_blocked is not None:
+                self.move(g, Trigger.PROVISIONING_FAILED, self.view.scale_up_blocked)
+                return
+            if self.dynamic_ok(g):
+                self.launches.append(self.launch_for(g, st.node_pool_details.instance_type, st.node_pool_details))
+        if created:
+            ids = tuple(sorted(n.node_id for n in created))
+            if ids != st.node_pool_details.node_ids:
+                self.set_status(g, node_pool_details=replace(st.node_pool_details, node_ids=ids))
+
+    def launch_for(self, g: Gpr, instance_type: str, details: NodePoolDetails) -> LaunchAction:
+        labels = {**gpr_node_labels(g.gpr_id), POOL: details.pool}
+        it = self.types.get(instance_type)
+        if it is not None and it.gpu_model:
+            labels[GPU_PRODUCT] = it.gpu_model
+        return LaunchAction(
+            gpr_id=g.gpr_id,
+            request_id=details.request_id,
+            pool=details.pool,
+            instance_type=instance_type,
+            zone=details.zone,
+            count=details.count,
+            labels=labels,
+            taints=gpr_node_taints(g.gpr_id),
+        )
+
+    # -- admission
+    def holders(self) -> list[Gpr]:
+        return [g for g in self.cur.values() if g.state in HOLDING_STATES]
+
+    def free_nodes(self) -> list[GprNode]:
+        held: set[str] = set()
+        for g in self.holders():
+            held.update(g.status.inventory_nodes)
+        return [n for n in self.view.nodes if not n.created and n.name not in held]
+
+    def created_in_use(self) -> int:
+        """Launched nodes counted against ``max_nodes``: those expected by holders plus leftovers not yet gone."""
+        holders = self.holders()
+        rids = {g.request_id for g in holders}
+        expected = sum(g.status.node_pool_details.count for g in holders if g.status.scale_up_triggered)
+        leftovers = sum(1 for n in self.view.nodes if n.created and n.request_id not in rids)
+        return expected + leftovers
+
+    def budget(self) -> float:
+        return math.inf if self.cfg.max_nodes is None else max(0, self.cfg.max_nodes - self.created_in_use())
+
+    def admit_queue(self) -> dict[str, float | None]:
+        for g in queue_order(self.cur.values()):
+            self.try_admit(g)
+        return self.estimate_waits()
+
+    def try_admit(self, g: Gpr) -> None:
+        spec = g.spec
+        cands = candidate_types(spec, self.catalog)
+        free = self.free_nodes()
+        take = _pick_nodes(spec, free, spec.number_of_gpu_nodes)
+        rest = spec.number_of_gpu_nodes - len(take)
+        if not cands and not take:
+            errors = validate_spec(spec, self.catalog)
+            if errors:
+                self.move(g, Trigger.UNSERVABLE, "; ".join(f"{e.field}: {e.message}" for e in errors))
+                return
+        dyn = self.dynamic_ok(g) and bool(cands) and self.view.scale_up_blocked is None
+        if rest == 0 or (dyn and rest <= self.budget()):
+            self.admit(g, take, rest, cands)
+            return
+        victims = self.choose_victims(g, cands, dyn)
+        if victims is not None:
+            for v in victims:
+                self.move(self.cur[v.gpr_id], Trigger.EVICT, f"evicted by {g.gpr_id} (priority {spec.priority})")
+                self.set_status(self.cur[v.gpr_id], evicted_by=g.gpr_id)
+            take = _pick_nodes(spec, self.free_nodes(), spec.number_of_gpu_nodes)
+            self.admit(self.cur[g.gpr_id], take, spec.number_of_gpu_nodes - len(take), cands)
+            return
+        self.delay(g, self.why_not(g, cands, len(take)))
+
+    def admit(self, g: Gpr, take: list[GprNode], rest: int, cands: Sequence[InstanceType]) -> None:
+        details = NodePoolDetails(provider=self.cfg.provider, cluster=self.cfg.cluster or g.spec.cluster_name)
+        if rest > 0:
+            it = cands[0]
+            offer = _on_demand(it)
+            details = replace(
+                details,
+                pool=g.gpr_id,
+                instance_type=it.name,
+                zone=offer.zone if offer is not None else "",
+                request_id=g.request_id,
+                count=rest,
+            )
+        how = f"{len(take)} inventory node(s)" + (f" + scale-up of {rest} x {details.instance_type}" if rest else "")
+        g = self.move(g, Trigger.ADMIT, how)
+        cost = sum(self.node_cost(n) for n in take)
+        if rest:
+            cost += rest * _price(cands[0])
+        g = self.set_status(
+            g,
+            inventory_nodes=tuple(sorted(n.name for n in take)),
+            scale_up_triggered=rest > 0,
+            node_pool_details=details,
+            cost=round(cost * g.spec.exit_duration_s / 3600.0, 4),
+            estimated_wait_time_s=self.cfg.scale_up_latency_s if rest else 0.0,
+        )
+        if rest and self.view.scale_up_blocked is None:
+            self.launches.append(self.launch_for(g, details.instance_type, details))
+
+    def delay(self, g: Gpr, why: str) -> None:
+        st = g.status
+        due = st.last_delayed_at is None or self.now - st.last_delayed_at >= self.cfg.delay_interval_s
+        count = st.delayed_count + 1 if due else st.delayed_count
+        g = self.set_status(
+            g, failure_reason=why, delayed_count=count, last_delayed_at=self.now if due else st.last_delayed_at
+        )
+        if self.cfg.max_delayed_count and count >= self.cfg.max_delayed_count:
+            self.move(g, Trigger.DELAY_LIMIT, why)
+
+    def why_not(self, g: Gpr, cands: Sequence[InstanceType], have: int) -> str:
+        spec = g.spec
+        shape = spec.instance_type or spec.gpu_shape or "any GPU"
+        base = f"{have}/{spec.number_of_gpu_nodes} free inventory node(s) with {spec.number_of_gpus} x {shape}"
+        if not self.cfg.enable_dynamic_node:
+            return f"{base} and ENABLE_DYNAMIC_NODE is false"
+        if not spec.enable_dynamic_node_pool:
+            return f"{base} and enableDynamicNodePool is false"
+        if self.view.scale_up_blocked is not None:
+            return self.view.scale_up_blocked
+        if not cands:
+            return f"{base} and no catalog instance type fits"
+        return f"{base} and the node limit is reached ({self.created_in_use()}/{self.cfg.max_nodes} nodes)"
+
+    def choose_victims(self, g: Gpr, cands: Sequence[InstanceType], dyn: bool) -> list[Gpr] | None:
+        """The fewest, lowest-priority evictable holders whose capacity lets ``g`` be served, or None."""
+        pool = sorted(
+            (
+                h
+                for h in self.holders()
+                if h.spec.enable_eviction and h.spec.priority < g.spec.priority and h.gpr_id != g.gpr_id
+            ),
+            key=lambda h: (h.spec.priority, -h.created_at, h.gpr_id),
+        )
+        if not pool:
+            return None
+        free = self.free_nodes()
+        budget = self.budget()
+        inv_by_name = {n.name: n for n in self.view.nodes if not n.created}
+
+        def serves(combo: Sequence[Gpr]) -> bool:
+            freed = [inv_by_name[x] for h in combo for x in h.status.inventory_nodes if x in inv_by_name]
+            have = len(_pick_nodes(g.spec, [*free, *freed], g.spec.number_of_gpu_nodes))
+            extra = sum(h.status.node_pool_details.count for h in combo if h.status.scale_up_triggered)
+            return have >= g.spec.number_of_gpu_nodes or (dyn and g.spec.number_of_gpu_nodes - have <= budget + extra)
+
+        def key(combo: Sequence[Gpr]) -> tuple[int, int, int]:
+            prios = [h.spec.priority for h in combo]
+            return (len(combo), max(prios), sum(prios))
+
+        if len(pool) <= 12:
+            for k in range(1, len(pool) + 1):
+                found = [list(c) for c in itertools.combinations(pool, k) if serves(c)]
+                if found:
+                    return min(found, key=key)
+            return None
+        chosen: list[Gpr] = []
+        for h in pool:
+            chosen.append(h)
+            if serves(chosen):
+                for x in sorted(chosen, key=lambda h: -h.spec.priority):
+                    rest = [y for y in chosen if y is not x]
+                    if rest and serves(rest):
+                        chosen = rest
+                return chosen
+        return None
+
+    # -- wait-time estimate
+    def estimate_waits(self) -> dict[str, float | None]:
+        """Expected seconds until each queued GPR's nodes are ready, simulating the queue in order against free
+        inventory, the launch budget and the expected release times of holders (no backfilling: an upper-end
+        estimate). None when the GPR cannot be served even after everything ahead of it finishes."""
+        queued = queue_order(self.cur.values())
+        out: dict[str, float | None] = {}
+        if not queued:
+            return out
+        lat = self.cfg.scale_up_latency_s
+        free = list(self.free_nodes())
+        budget = self.budget()
+        inv_by_name = {n.name: n for n in self.view.nodes if not n.created}
+        events: list[tuple[float, int, tuple[GprNode, ...], int]] = []
+        seq = itertools.count()
+        for h in self.holders():
+            st = h.status
+            if h.state is GprState.PROVISIONED and st.start_timestamp is not None:
+                end = st.start_timestamp + h.spec.exit_duration_s
+            else:
+                end = self.now + (lat if st.scale_up_triggered else 0.0) + h.spec.exit_duration_s
+            nodes = tuple(inv_by_name[x] for x in st.inventory_nodes if x in inv_by_name)
+            heapq.heappush(events, (max(end, self.now), next(seq), nodes, st.node_pool_details.count))
+        t = self.now
+        for g in queued:
+            cands = candidate_types(g.spec, self.catalog)
+            dyn = self.dynamic_ok(g) and bool(cands) and self.view.scale_up_blocked is None
+            while True:
+                take = _pick_nodes(g.spec, free, g.spec.number_of_gpu_nodes)
+                rest = g.spec.number_of_gpu_nodes - len(take)
+                if rest == 0 or (dyn and rest <= budget):
+                    break
+                if not events:
+                    take = []
+                    break
+                t_end, _, nodes, count = heapq.heappop(events)
+                t = max(t, t_end)
+                free.extend(nodes)
+                budget += count
+            if rest and not (dyn and rest <= budget):
+                out[g.gpr_id] = None
+                continue
+            ready_at = t + (lat if rest else 0.0)
+            out[g.gpr_id] = round(ready_at - self.now, 3)
+            taken = {n.name for n in take}
+            free = [n for n in free if n.name not in taken]
+            budget -= rest
+            heapq.heappush(events, (ready_at + g.spec.exit_duration_s, next(seq), tuple(take), rest))
+        return out
+
+    # -- node actions
+    def node_actions(self) -> tuple[list[AssignNode], list[DeleteNode], list[UnassignNode]]:
+        holders = self.holders()
+        owner_inv = {x: g.gpr_id for g in holders for x in g.status.inventory_nodes}
+        rids = {g.request_id for g in holders}
+        assigns: list[AssignNode] = []
+        deletes: list[DeleteNode] = []
+        unassigns: list[UnassignNode] = []
+        for n in self.view.nodes:
+            if n.created:
+                if n.request_id not in rids and self.cfg.enable_dynamic_node and n.node_id:
+                    deletes.append(DeleteNode(n.node_id, n.name, n.gpr_id or gpr_id_of_request(n.request_id)))
+                continue
+            owner = owner_inv.get(n.name)
+            if owner is not None and n.gpr_id != owner:
+                assigns.append(AssignNode(owner, n.name, gpr_node_labels(owner), gpr_node_taints(owner)))
+            elif owner is None and n.gpr_id is not None:
+                unassigns.append(UnassignNode(n.name, n.gpr_id))
+        return assigns, deletes, unassigns
+
+
+def plan_gprs(gprs: Sequence[Gpr], view: CapacityView, catalog: Catalog, config: GprConfig, now: float) -> GprActions:
+    """One pure planning pass over the GPRs.
+
+    In order: early releases; exit-duration completion, idle-timeout release and lost nodes of provisioned GPRs;
+    readiness, failures and (idempotent) launches of provisioning GPRs; requeue of failed/evicted GPRs with
+    ``requeueOnFailure``; admission of queued GPRs in :func:`queue_order` from free inventory and/or a scale-up
+    (when dynamic nodes are enabled and under ``max_nodes``), else eviction of the fewest, lowest-priority
+    evictable holders, else a delay (counted at most once per ``delay_interval_s``; at ``max_delayed_count`` the GPR
+    fails with the reason it waited for); wait-time estimates; and the node actions (label borrowed nodes, delete
+    launched nodes and unlabel borrowed nodes whose GPR no longer holds them).
+    """
+    return _Planner(gprs, view, catalog, config, now).run()
+
+
+# ---------------------------------------------------------------------------------------------- serialisation
+def status_to_dict(status: GprStatus, *, remaining_s: float | None = None) -> dict[str, Any]:
+    """EGS status dict (timestamps RFC 3339, durations like ``0d7h59m``); ``remaining_s`` overrides the stored
+    remaining duration."""
+    remaining = status.remaining_duration_s if remaining_s is None else remaining_s
+    d = status.node_pool_details
+    return {
+        "provisioningStatus": status.provisioning_status.value,
+        "internalState": status.internal_state,
+        "failureReason": status.failure_reason,
+        "startTimestamp": format_timestamp(status.start_timestamp),
+        "completionTimestamp": format_timestamp(status.completion_timestamp),
+        "remainingDuration": None if remaining is None else format_duration(remaining),
+        "numGPUsAllocated": status.num_gpus_allocated,
+        "nodeList": list(status.node_list),
+        "cost": status.cost,
+        "estimatedWaitTime": None
+        if status.estimated_wait_time_s is None
+        else format_duration(status.estimated_wait_time_s),
+        "delayedCount": status.delayed_count,
+        "retryCount": status.retry_count,
+        "evictedBy": status.evicted_by,
+        "scaleUpTriggered": status.scale_up_triggered,
+        "nodePoolDetails": {
+            "provider": d.provider,
+            "cluster": d.cluster,
+            "pool": d.pool,
+            "nodeIds": list(d.node_ids),
+            "instanceType": d.instance_type,
+        },
+    }
+
+
+def gpr_to_dict(gpr: Gpr, *, now: float | None = None) -> dict[str, Any]:
+    """The API form of a GPR: ``gprId``, ``createdTimestamp``, EGS ``spec`` and ``status``. With ``now`` the
+    remaining duration of a provisioned GPR is computed for that instant."""
+    st = gpr.status
+    remaining = None
+    if now is not None and gpr.state is GprState.PROVISIONED and st.start_timestamp is not None:
+        remaining = max(0.0, st.start_timestamp + gpr.spec.exit_duration_s - now)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "gprId": gpr.gpr_id,
+        "createdTimestamp": format_timestamp(gpr.created_at),
+        "priorityBand": priority_band(gpr.spec.priority),
+        "spec": spec_to_dict(gpr.spec),
+        "status": status_to_dict(gpr.status, remaining_s=remaining),
+    }
+
+
+def status_to_record(status: GprStatus) -> dict[str, Any]:
+    """Lossless JSON-able form of a status (for storage)."""
+    d = status.node_pool_details
+    return {
+        "provisioning_status": status.provisioning_status.value,
+        "internal_state": status.internal_state,
+        "failure_reason": status.failure_reason,
+        "start_timestamp": status.start_timestamp,
+        "completion_timestamp": status.completion_timestamp,
+        "remaining_duration_s": status.remaining_duration_s,
+        "num_gpus_allocated": status.num_gpus_allocated,
+        "node_list": list(status.node_list),
+        "cost": status.cost,
+        "estimated_wait_time_s": status.estimated_wait_time_s,
+        "delayed_count": status.delayed_count,
+        "retry_count": status.retry_count,
+        "evicted_by": status.evicted_by,
+        "scale_up_triggered": status.scale_up_triggered,
+        "node_pool_details": {
+            "provider": d.provider,
+            "cluster": d.cluster,
+            "pool": d.pool,
+            "node_ids": list(d.node_ids),
+            "instance_type": d.instance_type,
+            "zone": d.zone,
+            "request_id": d.request_id,
+            "count": d.count,
+        },
+        "inventory_nodes": list(status.inventory_nodes),
+        "state_since": status.state_since,
+        "last_trigger": status.last_trigger,
+        "last_delayed_at": status.last_delayed_at,
+        "idle_since": status.idle_since,
+    }
+
+
+def status_from_record(rec: Mapping[str, Any]) -> GprStatus:
+    """Inverse of :func:`status_to_record`."""
+    d = dict(rec.get("node_pool_details") or {})
+    details = NodePoolDetails(
+        provider=d.get("provider", ""),
+        cluster=d.get("cluster", ""),
+        pool=d.get("pool", ""),
+        node_ids=tuple(d.get("node_ids", ())),
+        instance_type=d.get("instance_type", ""),
+        zone=d.get("zone", ""),
+        request_id=d.get("request_id", ""),
+        count=int(d.get("count", 0)),
+    )
+    return GprStatus(
+        provisioning_status=GprState(rec["provisioning_status"]),
+        internal_state=rec.get("internal_state", ""),
+        failure_reason=rec.get("failure_reason", ""),
+        start_timestamp=rec.get("start_timestamp"),
+        completion_timestamp=rec.get("completion_timestamp"),
+        remaining_duration_s=rec.get("remaining_duration_s"),
+        num_gpus_allocated=int(rec.get("num_gpus_allocated", 0)),
+        node_list=tuple(rec.get("node_list", ())),
+        cost=float(rec.get("cost", 0.0)),
+        estimated_wait_time_s=rec.get("estimated_wait_time_s"),
+        delayed_count=int(rec.get("delayed_count", 0)),
+        retry_count=int(rec.get("retry_count", 0)),
+        evicted_by=rec.get("evicted_by", ""),
+        scale_up_triggered=bool(rec.get("scale_up_triggered", False)),
+        node_pool_details=details,
+        inventory_nodes=tuple(rec.get("inventory_nodes", ())),
+        state_since=float(rec.get("state_since", 0.0)),
+        last_trigger=rec.get("last_trigger", ""),
+        last_delayed_at=rec.get("last_delayed_at"),
+        idle_since=rec.get("idle_since"),
+    )

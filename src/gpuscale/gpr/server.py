@@ -1,0 +1,188 @@
+"""Embedded mode: the GPR REST API (uvicorn) plus a background thread reconciling GPRs through a provider.
+
+``serve(db, host, port)`` reads the API token from ``GPUSCALE_API_TOKEN`` (refuses to start without one), the
+planner settings from the environment (:func:`gpuscale.gpr.manager.config_from_env`) and picks the provider:
+``sim`` (a :class:`~gpuscale.sim.cloud.SimCloud` running on wall-clock time, for demos and tests) or ``linode``
+(:class:`~gpuscale.providers.linode.LinodeProvider` from ``LINODE_TOKEN``, ``LINODE_CLUSTER_ID``, ``LINODE_REGION``;
+a missing token is reported on the GPRs, never raised).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuscale.clock import Clock, SystemClock
+from gpuscale.core.model import Catalog
+from gpuscale.errors import AuthenticationError, InputError
+from gpuscale.gpr.manager import GprManager, Inventory, config_from_env
+from gpuscale.gpr.store import GprStore
+from gpuscale.providers.base import CloudNode, LaunchRequest, Provider, ProviderCapabilities, ProviderEvent
+
+log = logging.getLogger("gpuscale.gpr.server")
+
+TOKEN_ENV = "GPUSCALE_API_TOKEN"
+PROVIDERS = ("sim", "linode")
+
+
+class WallClockSimCloud:
+    """A :class:`~gpuscale.sim.cloud.SimCloud` whose virtual time follows ``clock``: every call first runs the
+    simulation up to now. Launch and registration take ``latency_s`` each."""
+
+    name = "sim"
+
+    def __init__(self, catalog: Catalog, clock: Clock, *, latency_s: float = 5.0, seed: int = 0) -> None:
+        from gpuscale.sim.cloud import CloudBehaviour, SimCloud
+        from gpuscale.sim.engine import Dist, Engine
+
+        self.clock = clock
+        self.engine = Engine(start=clock.now())
+        d = Dist.const(latency_s)
+        behaviour = CloudBehaviour(
+            launch_latency=d, registration_latency=d, device_plugin_delay=Dist.const(0.0), deletion_latency=d
+        )
+        self.cloud = SimCloud(self.engine, catalog, behaviour, seed=seed)
+        self._lock = threading.Lock()
+
+    def _sync(self) -> None:
+        self.engine.run_until(max(self.engine.now(), self.clock.now()))
+
+    @property
+    def capabilities(self) -> ProviderCapabilities:
+        """The simulated cloud's capabilities."""
+        return self.cloud.capabilities
+
+    def launch(self, request: LaunchRequest) -> Sequence[CloudNode]:
+        """Launch (idempotent by request id)."""
+        with self._lock:
+            self._sync()
+            return self.cloud.launch(request)
+
+    def delete_node(self, node_id: str) -> None:
+        """Delete one node."""
+        with self._lock:
+            self._sync()
+            self.cloud.delete_node(node_id)
+
+    def list_nodes(self) -> Sequence[CloudNode]:
+        """Nodes not gone."""
+        with self._lock:
+            self._sync()
+            return self.cloud.list_nodes()
+
+    def poll_errors(self) -> Sequence[ProviderEvent]:
+        """Events since the last call."""
+        with self._lock:
+            self._sync()
+            return self.cloud.poll_errors()
+
+
+def linode_factory(env: Mapping[str, str], clock: Clock) -> Callable[[], Provider]:
+    """A factory for the Linode provider; it raises :class:`AuthenticationError` when ``LINODE_TOKEN`` is unset
+    (checked before any other setting, so that is the reason reported)."""
+
+    def make() -> Provider:
+        from gpuscale.providers.linode import MISSING_TOKEN_MESSAGE, TOKEN_ENV, LinodeConfig, LinodeProvider
+
+        if not env.get(TOKEN_ENV):
+            raise AuthenticationError(MISSING_TOKEN_MESSAGE, provider="linode")
+        return LinodeProvider(LinodeConfig.from_env(env), env=env, clock=clock)
+
+    return make
+
+
+@dataclass(slots=True)
+class ReconcileLoop:
+    """Runs ``manager.reconcile()`` every ``interval_s`` seconds in a daemon thread until :meth:`stop`."""
+
+    manager: GprManager
+    interval_s: float = 5.0
+    _stop: threading.Event | None = None
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpr-reconcile", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        assert self._stop is not None
+        while not self._stop.is_set():
+            try:
+                report = self.manager.reconcile()
+                for err in report.errors:
+                    log.warning("reconcile: %s", err)
+            except Exception:  # the loop must survive any single failed pass
+                log.exception("reconcile pass failed")
+            self._stop.wait(self.interval_s)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop and join the thread."""
+        if self._stop is not None:
+            self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+def build_manager(
+    db: str | Path,
+    *,
+    provider: str = "sim",
+    catalog: str = "linode",
+    env: Mapping[str, str] | None = None,
+    clock: Clock | None = None,
+    inventory: Inventory | None = None,
+    sim_latency_s: float = 5.0,
+) -> GprManager:
+    """A :class:`GprManager` on the SQLite file ``db`` with the chosen provider and catalog."""
+    env = os.environ if env is None else env
+    clock = clock or SystemClock()
+    if provider not in PROVIDERS:
+        raise InputError("unknown provider", where="--provider", value=provider, fix=f"use one of {PROVIDERS}")
+    from gpuscale.catalogs import load_catalog
+
+    region = (env.get("LINODE_REGION") or None) if provider == "linode" else None
+    cat = load_catalog(catalog, region=region)
+    config = config_from_env(env, provider=provider, cluster=env.get("LINODE_CLUSTER_ID", ""))
+    store = GprStore(db)
+    if provider == "sim":
+        sim = WallClockSimCloud(cat, clock, latency_s=sim_latency_s)
+        return GprManager(store, cat, config=config, provider=sim, inventory=inventory, clock=clock)
+    return GprManager(
+        store, cat, config=config, provider_factory=linode_factory(env, clock), inventory=inventory, clock=clock
+    )
+
+
+def serve(
+    db: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    *,
+    provider: str = "sim",
+    catalog: str = "linode",
+    interval_s: float = 5.0,
+    env: Mapping[str, str] | None = None,
+    log_level: str = "info",
+) -> None:
+    """Run the API and the reconcile loop until interrupted."""
+    import uvicorn
+
+    from gpuscale.gpr.api import create_app
+
+    env = os.environ if env is None else env
+    token = env.get(TOKEN_ENV, "")
+    if not token:
+        raise InputError("is not set", where=f"environment variable {TOKEN_ENV}", fix="export a long random secret")
+    manager = build_manager(db, provider=provider, catalog=catalog, env=env)
+    loop = ReconcileLoop(manager, interval_s)
+    loop.start()
+    try:
+        uvicorn.run(create_app(manager, token=token), host=host, port=port, log_level=log_level)
+    finally:
+        loop.stop()
+        manager.store.close()
