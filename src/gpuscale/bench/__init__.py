@@ -1,0 +1,1 @@
+"""Benchmarks: reproducible measurements of the core against public traces (adapters + CLI glue)."""
