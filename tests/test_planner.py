@@ -251,3 +251,16 @@ def test_milp_beats_greedy_on_benchmark_cut() -> None:
     assert exact.solver == "milp"
     assert exact.total_hourly_cost < greedy.total_hourly_cost
     assert set(exact.placements) == set(greedy.placements)
+
+
+def test_planner_runs_with_every_scorer() -> None:
+    from gpuscale.core.scoring import SCORERS
+
+    nodes = [node(f"n{i}", 16000, 65536, 4, "T4") for i in range(3)]
+    pods = [pod(f"w{i}", 1000, 1024, gpus=1 + i % 2) for i in range(8)] + [
+        pod(f"f{i}", 500, 512, milli=300) for i in range(6)
+    ]
+    for name in sorted(SCORERS):
+        r = plan(snap(pods, nodes), PlannerConfig(scorer=name, exact_solver=False))
+        assert len(r.placements) + len(r.blocked) == len(pods), name
+        assert all(v.startswith("n") or v.startswith("launch-") for v in r.placements.values()), name
