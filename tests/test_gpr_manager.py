@@ -183,6 +183,13 @@ def test_capacity_error_fails_the_attempt_and_requeue_uses_a_new_request_id(tmp_
     assert failed.state is GprState.FAILED and "no RTX4000 Ada" in failed.status.failure_reason
     clock.sleep(5)
     m.reconcile()
+    # The only candidate offering is marked out of capacity: the requeued GPR waits for the mark to expire.
+    waiting = m.get(g.gpr_id)
+    assert waiting.state is GprState.QUEUED and waiting.status.retry_count == 1
+    assert "insufficient capacity for every candidate offering" in waiting.status.failure_reason
+    assert len(cloud.launch_calls) == 1
+    clock.sleep(m.config.unavailable_ttl_s)
+    m.reconcile()
     again = m.get(g.gpr_id)
     assert again.state is GprState.PROVISIONING and again.status.retry_count == 1
     assert cloud.launch_calls[-1].request_id == f"{g.gpr_id}-a1"

@@ -69,7 +69,7 @@ _catalog_opt = click.option(
 )
 _region_opt = click.option("--region", default=None, help="Catalog region (default: the catalog's own).")
 _scorer_opt = click.option(
-    "--scorer", type=click.Choice(sorted(SCORERS)), default="best-fit", show_default=True, help="Placement scorer."
+    "--scorer", type=click.Choice(sorted(SCORERS)), default="fill-frag", show_default=True, help="Placement scorer."
 )
 _solver_opt = click.option(
     "--solver/--no-solver", default=True, show_default=True, help="Improve the greedy plan with an integer program."

@@ -35,7 +35,7 @@ import heapq
 import itertools
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -43,7 +43,17 @@ from typing import Any
 
 from gpuscale.core.gpus import gpu_model_variants, normalize_gpu_model
 from gpuscale.core.labels import GPU_PRODUCT, POOL
-from gpuscale.core.model import CapacityType, Catalog, InstanceType, Offering, Pod, Taint, TaintEffect, Toleration
+from gpuscale.core.model import (
+    CapacityType,
+    Catalog,
+    InstanceType,
+    Offering,
+    OfferingKey,
+    Pod,
+    Taint,
+    TaintEffect,
+    Toleration,
+)
 from gpuscale.errors import GpuscaleError, InputError
 
 API_VERSION = "gpuscale.io/v1alpha1"
@@ -374,12 +384,7 @@ def candidate_types(spec: GprSpec, catalog: Catalog) -> tuple[InstanceType, ...]
         it = catalog.by_name().get(spec.instance_type)
         ok = it is not None and it.gpu_count >= spec.number_of_gpus and _mem_ok(spec, it.gpu_memory_mib)
         return (it,) if ok and it is not None else ()
-    preferred: frozenset[str] = frozenset()
-    if spec.gpu_shape:
-        try:
-            preferred = frozenset(gpu_model_variants(spec.gpu_shape))
-        except InputError:
-            preferred = frozenset()
+    preferred = _preferred_models(spec)
     allowed = _allowed_models(spec)
     if allowed is None and not spec.enable_auto_gpu_selection:
         return ()
@@ -394,6 +399,43 @@ def candidate_types(spec: GprSpec, catalog: Catalog) -> tuple[InstanceType, ...]
     ]
     out.sort(key=lambda it: (it.gpu_model not in preferred, _price(it), it.gpu_count, it.name))
     return tuple(out)
+
+
+def _preferred_models(spec: GprSpec) -> frozenset[str]:
+    if not spec.gpu_shape:
+        return frozenset()
+    try:
+        return frozenset(gpu_model_variants(spec.gpu_shape))
+    except InputError:
+        return frozenset()
+
+
+def _offering_key(it: InstanceType, o: Offering) -> OfferingKey:
+    return OfferingKey(it.name, o.zone, o.capacity_type)
+
+
+def candidate_offerings(
+    spec: GprSpec, catalog: Catalog, skip: Collection[OfferingKey] = frozenset()
+) -> tuple[tuple[InstanceType, Offering], ...]:
+    """Every (instance type, on-demand offering) that can serve one node of ``spec``, best first, without the
+    offerings in ``skip`` (those that recently reported insufficient capacity).
+
+    The order is that of :func:`candidate_types` (preferred shape, price, GPUs, name) applied per offering, with the
+    zone last, so after a capacity error the next entry is the next zone of the same type or the next type. A type
+    without an available on-demand offering contributes its cheapest offering, as the launch would use it.
+    """
+    preferred = _preferred_models(spec)
+    rows: list[tuple[tuple[bool, float, int, str, str], InstanceType, Offering]] = []
+    for it in candidate_types(spec, catalog):
+        offers = [o for o in it.offerings if o.available and o.capacity_type is CapacityType.ON_DEMAND]
+        if not offers:
+            cheapest = it.cheapest()
+            offers = [cheapest] if cheapest is not None else []
+        for o in offers:
+            if _offering_key(it, o) not in skip:
+                rows.append(((it.gpu_model not in preferred, o.hourly_price, it.gpu_count, it.name, o.zone), it, o))
+    rows.sort(key=lambda r: r[0])
+    return tuple((it, o) for _, it, o in rows)
 
 
 def validate_spec(spec: GprSpec, catalog: Catalog) -> list[FieldError]:
@@ -766,6 +808,8 @@ class GprConfig:
     """A node whose GPU utilisation (0..1) is at or below this is idle."""
     max_nodes: int | None = None
     """Most nodes gpuscale may have launched for GPRs at once."""
+    unavailable_ttl_s: float = 600.0
+    """How long an offering that reported insufficient capacity is skipped (the shell keeps the marks)."""
     provider: str = ""
     cluster: str = ""
 
@@ -799,12 +843,18 @@ class CapacityView:
     """What the planner may use. ``scale_up_blocked`` says why launching is impossible now (e.g. a missing token);
     ``failed_requests`` maps launch request ids to the asynchronous failure the provider reported.
     ``observed_created`` is False when the provider's nodes could not be listed: launched nodes absent from
-    ``nodes`` are then unknown, not lost."""
+    ``nodes`` are then unknown, not lost. ``unavailable`` maps offerings that reported insufficient capacity to the
+    time until which they are skipped (entries in the past are ignored)."""
 
     nodes: tuple[GprNode, ...] = ()
     scale_up_blocked: str | None = None
     failed_requests: Mapping[str, str] = field(default_factory=dict)
     observed_created: bool = True
+    unavailable: Mapping[OfferingKey, float] = field(default_factory=dict)
+
+    def skipped_offerings(self, now: float) -> frozenset[OfferingKey]:
+        """Offerings still marked unavailable at ``now``."""
+        return frozenset(k for k, until in self.unavailable.items() if until > now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -903,6 +953,53 @@ def _pick_nodes(spec: GprSpec, free: Sequence[GprNode], n: int) -> list[GprNode]
     return match[:n]
 
 
+def _launch_action(g: Gpr, types: Mapping[str, InstanceType]) -> LaunchAction:
+    d = g.status.node_pool_details
+    labels = {**gpr_node_labels(g.gpr_id), POOL: d.pool}
+    it = types.get(d.instance_type)
+    if it is not None and it.gpu_model:
+        labels[GPU_PRODUCT] = it.gpu_model
+    return LaunchAction(
+        gpr_id=g.gpr_id,
+        request_id=d.request_id,
+        pool=d.pool,
+        instance_type=d.instance_type,
+        zone=d.zone,
+        count=d.count,
+        labels=labels,
+        taints=gpr_node_taints(g.gpr_id),
+    )
+
+
+def launch_action(gpr: Gpr, catalog: Catalog) -> LaunchAction:
+    """The (idempotent) launch of a provisioning GPR's scale-up, from its ``nodePoolDetails``."""
+    return _launch_action(gpr, catalog.by_name())
+
+
+def retarget_launch(gpr: Gpr, catalog: Catalog, skip: Collection[OfferingKey]) -> Gpr | None:
+    """Point a provisioning GPR's pending scale-up at the next candidate offering not in ``skip`` (after the
+    current one reported insufficient capacity); None when no candidate is left.
+
+    The launch keeps its request id (a refused launch created nothing), the pool and the node count; the instance
+    type, zone and cost estimate follow the new offering.
+    """
+    st = gpr.status
+    d = st.node_pool_details
+    if gpr.state is not GprState.PROVISIONING or not st.scale_up_triggered or not d.count:
+        return None
+    options = candidate_offerings(gpr.spec, catalog, skip)
+    if not options:
+        return None
+    it, offer = options[0]
+    old = catalog.by_name().get(d.instance_type)
+    old_offer = next((o for o in old.offerings if o.zone == d.zone), None) if old is not None else None
+    old_price = old_offer.hourly_price if old_offer is not None else 0.0
+    hours = gpr.spec.exit_duration_s / 3600.0
+    cost = max(0.0, st.cost + d.count * (offer.hourly_price - old_price) * hours)
+    details = replace(d, instance_type=it.name, zone=offer.zone)
+    return replace(gpr, status=replace(st, node_pool_details=details, cost=round(cost, 4)))
+
+
 class _Planner:
     def __init__(self, gprs: Sequence[Gpr], view: CapacityView, catalog: Catalog, config: GprConfig, now: float):
         self.cur: dict[str, Gpr] = {g.gpr_id: g for g in gprs}
@@ -914,6 +1011,7 @@ class _Planner:
         self.types = catalog.by_name()
         self.transitions: list[TransitionRecord] = []
         self.launches: list[LaunchAction] = []
+        self.skip = view.skipped_offerings(now)
 
     # -- helpers
     def move(self, g: Gpr, trigger: Trigger, reason: str = "") -> Gpr:
@@ -1040,28 +1138,20 @@ class _Planner:
             if self.view.scale_up_blocked is not None:
                 self.move(g, Trigger.PROVISIONING_FAILED, self.view.scale_up_blocked)
                 return
+            d = st.node_pool_details
+            if not created and OfferingKey(d.instance_type, d.zone, CapacityType.ON_DEMAND) in self.skip:
+                moved = retarget_launch(g, self.catalog, self.skip)
+                if moved is None:
+                    self.move(g, Trigger.PROVISIONING_FAILED, self.no_capacity_reason(g.spec))
+                    return
+                g = self.set_status(moved, node_pool_details=moved.status.node_pool_details, cost=moved.status.cost)
+                st = g.status
             if self.dynamic_ok(g):
-                self.launches.append(self.launch_for(g, st.node_pool_details.instance_type, st.node_pool_details))
+                self.launches.append(_launch_action(g, self.types))
         if created:
             ids = tuple(sorted(n.node_id for n in created))
             if ids != st.node_pool_details.node_ids:
                 self.set_status(g, node_pool_details=replace(st.node_pool_details, node_ids=ids))
-
-    def launch_for(self, g: Gpr, instance_type: str, details: NodePoolDetails) -> LaunchAction:
-        labels = {**gpr_node_labels(g.gpr_id), POOL: details.pool}
-        it = self.types.get(instance_type)
-        if it is not None and it.gpu_model:
-            labels[GPU_PRODUCT] = it.gpu_model
-        return LaunchAction(
-            gpr_id=g.gpr_id,
-            request_id=details.request_id,
-            pool=details.pool,
-            instance_type=instance_type,
-            zone=details.zone,
-            count=details.count,
-            labels=labels,
-            taints=gpr_node_taints(g.gpr_id),
-        )
 
     # -- admission
     def holders(self) -> list[Gpr]:
@@ -1100,9 +1190,10 @@ class _Planner:
             if errors:
                 self.move(g, Trigger.UNSERVABLE, "; ".join(f"{e.field}: {e.message}" for e in errors))
                 return
-        dyn = self.dynamic_ok(g) and bool(cands) and self.view.scale_up_blocked is None
+        offers = candidate_offerings(spec, self.catalog, self.skip) if cands else ()
+        dyn = self.dynamic_ok(g) and bool(offers) and self.view.scale_up_blocked is None
         if rest == 0 or (dyn and rest <= self.budget()):
-            self.admit(g, take, rest, cands)
+            self.admit(g, take, rest, offers)
             return
         victims = self.choose_victims(g, cands, dyn)
         if victims is not None:
@@ -1110,20 +1201,19 @@ class _Planner:
                 self.move(self.cur[v.gpr_id], Trigger.EVICT, f"evicted by {g.gpr_id} (priority {spec.priority})")
                 self.set_status(self.cur[v.gpr_id], evicted_by=g.gpr_id)
             take = _pick_nodes(spec, self.free_nodes(), spec.number_of_gpu_nodes)
-            self.admit(self.cur[g.gpr_id], take, spec.number_of_gpu_nodes - len(take), cands)
+            self.admit(self.cur[g.gpr_id], take, spec.number_of_gpu_nodes - len(take), offers)
             return
-        self.delay(g, self.why_not(g, cands, len(take)))
+        self.delay(g, self.why_not(g, cands, offers, len(take)))
 
-    def admit(self, g: Gpr, take: list[GprNode], rest: int, cands: Sequence[InstanceType]) -> None:
+    def admit(self, g: Gpr, take: list[GprNode], rest: int, offers: Sequence[tuple[InstanceType, Offering]]) -> None:
         details = NodePoolDetails(provider=self.cfg.provider, cluster=self.cfg.cluster or g.spec.cluster_name)
         if rest > 0:
-            it = cands[0]
-            offer = _on_demand(it)
+            it, offer = offers[0]
             details = replace(
                 details,
                 pool=g.gpr_id,
                 instance_type=it.name,
-                zone=offer.zone if offer is not None else "",
+                zone=offer.zone,
                 request_id=g.request_id,
                 count=rest,
             )
@@ -1131,7 +1221,7 @@ class _Planner:
         g = self.move(g, Trigger.ADMIT, how)
         cost = sum(self.node_cost(n) for n in take)
         if rest:
-            cost += rest * _price(cands[0])
+            cost += rest * offers[0][1].hourly_price
         g = self.set_status(
             g,
             inventory_nodes=tuple(sorted(n.name for n in take)),
@@ -1141,7 +1231,7 @@ class _Planner:
             estimated_wait_time_s=self.cfg.scale_up_latency_s if rest else 0.0,
         )
         if rest and self.view.scale_up_blocked is None:
-            self.launches.append(self.launch_for(g, details.instance_type, details))
+            self.launches.append(_launch_action(g, self.types))
 
     def delay(self, g: Gpr, why: str) -> None:
         st = g.status
@@ -1153,7 +1243,9 @@ class _Planner:
         if self.cfg.max_delayed_count and count >= self.cfg.max_delayed_count:
             self.move(g, Trigger.DELAY_LIMIT, why)
 
-    def why_not(self, g: Gpr, cands: Sequence[InstanceType], have: int) -> str:
+    def why_not(
+        self, g: Gpr, cands: Sequence[InstanceType], offers: Sequence[tuple[InstanceType, Offering]], have: int
+    ) -> str:
         spec = g.spec
         shape = spec.instance_type or spec.gpu_shape or "any GPU"
         base = f"{have}/{spec.number_of_gpu_nodes} free inventory node(s) with {spec.number_of_gpus} x {shape}"
@@ -1165,7 +1257,24 @@ class _Planner:
             return self.view.scale_up_blocked
         if not cands:
             return f"{base} and no catalog instance type fits"
+        if not offers:
+            return f"{base} and {self.no_capacity_reason(spec)}"
         return f"{base} and the node limit is reached ({self.created_in_use()}/{self.cfg.max_nodes} nodes)"
+
+    def capacity_back_at(self, spec: GprSpec) -> float:
+        """When a scale-up for ``spec`` can next be tried: now, or when the first out-of-capacity mark expires."""
+        if candidate_offerings(spec, self.catalog, self.skip):
+            return self.now
+        keys = {_offering_key(it, o) for it, o in candidate_offerings(spec, self.catalog)}
+        return min((self.view.unavailable[k] for k in keys if k in self.skip), default=self.now)
+
+    def no_capacity_reason(self, spec: GprSpec) -> str:
+        """Why no offering can be launched for ``spec``: every candidate is marked out of capacity (and until when)."""
+        keys = {_offering_key(it, o) for it, o in candidate_offerings(spec, self.catalog)}
+        marked = sorted((k for k in keys if k in self.skip), key=lambda k: (k.instance_type, k.zone))
+        names = ", ".join(f"{k.instance_type} in {k.zone}" for k in marked) or "none"
+        until = min((self.view.unavailable[k] for k in marked), default=self.now)
+        return f"insufficient capacity for every candidate offering ({names}); retrying after {format_timestamp(until)}"
 
     def choose_victims(self, g: Gpr, cands: Sequence[InstanceType], dyn: bool) -> list[Gpr] | None:
         """The fewest, lowest-priority evictable holders whose capacity lets ``g`` be served, or None."""
@@ -1237,6 +1346,7 @@ class _Planner:
         for g in queued:
             cands = candidate_types(g.spec, self.catalog)
             dyn = self.dynamic_ok(g) and bool(cands) and self.view.scale_up_blocked is None
+            launch_from = self.capacity_back_at(g.spec) if dyn else self.now
             while True:
                 take = _pick_nodes(g.spec, free, g.spec.number_of_gpu_nodes)
                 rest = g.spec.number_of_gpu_nodes - len(take)
@@ -1252,7 +1362,7 @@ class _Planner:
             if rest and not (dyn and rest <= budget):
                 out[g.gpr_id] = None
                 continue
-            ready_at = t + (lat if rest else 0.0)
+            ready_at = max(t, launch_from) + lat if rest else t
             out[g.gpr_id] = round(ready_at - self.now, 3)
             taken = {n.name for n in take}
             free = [n for n in free if n.name not in taken]

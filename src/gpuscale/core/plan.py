@@ -105,7 +105,7 @@ class PlannerConfig:
     ``launch_id_prefix`` makes launch ids unique across reconcile rounds.
     """
 
-    scorer: str = "best-fit"
+    scorer: str = "fill-frag"
     exact_solver: bool = True
     solver_time_limit_s: float = 2.0
     launch_id_prefix: str = "launch"

@@ -6,6 +6,13 @@ nodes of GPRs that no longer hold them (by node id, never by shrinking a pool), 
 inventory nodes, and launches nodes with the GPR's labels and taints under a request id that is deterministic per
 GPR and attempt, so a restart never doubles a launch.
 
+Insufficient capacity: a launch refused with :class:`~gpuscale.errors.CapacityError` marks that (instance type, zone)
+unavailable for ``GPR_UNAVAILABLE_TTL_S`` seconds and the same launch (same request id: a refused launch created
+nothing) is retried at once on the GPR's next candidate offering (another zone, or another type when
+``enableAutoGpuSelection`` or several types of the shape fit); only when none is left does the attempt fail. The
+marks also steer admission of queued GPRs (a GPR whose every candidate is marked waits, delayed, until one expires).
+They are kept in memory: after a restart a refused offering is simply tried once more.
+
 Settings (:func:`config_from_env`): ``ENABLE_DYNAMIC_NODE`` (default true; when false GPRs are served from existing
 inventory only and no provider is created or called), ``MAX_DELAYED_COUNT``, ``MAX_NODE_COUNT`` and a few
 ``GPR_*`` timings. A provider that cannot authenticate (the Linode provider raises
@@ -38,14 +45,16 @@ from gpuscale.core.gpr import (
     cancel,
     gpr_id_of_request,
     is_gpr_request_id,
+    launch_action,
     new_gpr,
     parse_gpr_spec,
     plan_gprs,
     request_release,
+    retarget_launch,
     transition,
     with_priority,
 )
-from gpuscale.core.model import Catalog, Taint
+from gpuscale.core.model import CapacityType, Catalog, OfferingKey, Taint
 from gpuscale.errors import (
     AuthenticationError,
     CapacityError,
@@ -94,7 +103,8 @@ def _env_num(env: Mapping[str, str], name: str, default: float | None, *, minimu
 def config_from_env(env: Mapping[str, str] | None = None, *, provider: str = "", cluster: str = "") -> GprConfig:
     """Planner settings from the environment: ``ENABLE_DYNAMIC_NODE``, ``MAX_DELAYED_COUNT``, ``MAX_NODE_COUNT``,
     ``GPR_DELAY_INTERVAL_S``, ``GPR_MAX_RETRY_COUNT``, ``GPR_PROVISIONING_TIMEOUT_S``, ``GPR_SCALE_UP_LATENCY_S``,
-    ``GPR_IDLE_GPU_THRESHOLD``. Raises :class:`InputError` naming the variable for a bad value."""
+    ``GPR_IDLE_GPU_THRESHOLD``, ``GPR_UNAVAILABLE_TTL_S``. Raises :class:`InputError` naming the variable for a bad
+    value."""
     env = os.environ if env is None else env
     d = GprConfig()
     max_nodes = _env_num(env, "MAX_NODE_COUNT", None, minimum=1)
@@ -109,6 +119,7 @@ def config_from_env(env: Mapping[str, str] | None = None, *, provider: str = "",
         scale_up_latency_s=float(_env_num(env, "GPR_SCALE_UP_LATENCY_S", d.scale_up_latency_s) or 0.0),
         idle_gpu_threshold=float(_env_num(env, "GPR_IDLE_GPU_THRESHOLD", d.idle_gpu_threshold) or 0.0),
         max_nodes=None if max_nodes is None else int(max_nodes),
+        unavailable_ttl_s=float(_env_num(env, "GPR_UNAVAILABLE_TTL_S", d.unavailable_ttl_s) or 0.0),
         provider=provider,
         cluster=cluster,
     )
@@ -217,6 +228,7 @@ class GprManager:
         self._factory = provider_factory
         self._utilization = utilization
         self._blocked: str | None = None
+        self._unavailable: dict[OfferingKey, float] = {}
         self._lock = threading.RLock()
         self._last_view = CapacityView()
         self._types = catalog.by_name()
@@ -230,9 +242,9 @@ class GprManager:
         spec = parse_gpr_spec(data, self.catalog)
         return self.submit(spec)
 
-    def submit(self, spec: GprSpec) -> Gpr:
-        """Queue an already validated spec."""
-        gpr = new_gpr(new_gpr_id(), spec, self.catalog, self.clock.now())
+    def submit(self, spec: GprSpec, *, gpr_id: str | None = None) -> Gpr:
+        """Queue an already validated spec (``gpr_id`` fixes the id, e.g. for reproducible simulations)."""
+        gpr = new_gpr(gpr_id or new_gpr_id(), spec, self.catalog, self.clock.now())
         self.store.insert(gpr)
         log.info("GPR %s (%s) queued with priority %d", gpr.gpr_id, spec.request_name, spec.priority)
         return gpr
@@ -296,6 +308,20 @@ class GprManager:
         if got.state is GprState.PROVISIONING:
             return self.config.scale_up_latency_s if got.status.scale_up_triggered else 0.0
         return None
+
+    @property
+    def unavailable_offerings(self) -> dict[OfferingKey, float]:
+        """Offerings marked out of capacity and the time until which they are skipped."""
+        now = self.clock.now()
+        with self._lock:
+            return {k: until for k, until in self._unavailable.items() if until > now}
+
+    def mark_unavailable(self, instance_type: str, zone: str, *, until: float | None = None) -> None:
+        """Skip an on-demand offering until ``until`` (default: now + ``unavailable_ttl_s``)."""
+        key = OfferingKey(instance_type, zone, CapacityType.ON_DEMAND)
+        t = self.clock.now() + self.config.unavailable_ttl_s if until is None else until
+        with self._lock:
+            self._unavailable[key] = max(t, self._unavailable.get(key, t))
 
     @property
     def blocked_reason(self) -> str | None:
@@ -375,6 +401,13 @@ class GprManager:
         if provider is None:
             self.store.finish(jid, f"error: {self._blocked}", now=now)
             return
+        if OfferingKey(la.instance_type, la.zone, CapacityType.ON_DEMAND) in self.unavailable_offerings:
+            # Marked by an earlier launch of this same pass: go straight to the next offering if there is one.
+            nxt = self._retarget(la)
+            if nxt is not None:
+                self.store.finish(jid, f"skipped: {la.instance_type} in {la.zone} is out of capacity", now=now)
+                self._launch_next(la, nxt, report)
+                return
         req = LaunchRequest(
             request_id=la.request_id,
             pool=la.pool,
@@ -386,7 +419,17 @@ class GprManager:
         )
         try:
             nodes = provider.launch(req)
-        except (CapacityError, InvalidProviderRequest) as exc:
+        except CapacityError as exc:
+            report.errors.append(f"launch {la.request_id}: {exc}")
+            self.store.finish(jid, f"error: {exc}", now=now)
+            self.mark_unavailable(la.instance_type, la.zone)
+            nxt = self._retarget(la)
+            if nxt is None:
+                self._fail_provisioning(la.gpr_id, la.request_id, str(exc), report)
+                return
+            self._launch_next(la, nxt, report)
+            return
+        except InvalidProviderRequest as exc:
             report.errors.append(f"launch {la.request_id}: {exc}")
             self.store.finish(jid, f"error: {exc}", now=now)
             self._fail_provisioning(la.gpr_id, la.request_id, str(exc), report)
@@ -407,6 +450,43 @@ class GprManager:
             return replace(g, status=replace(g.status, node_pool_details=replace(d, node_ids=ids)))
 
         self.store.modify(la.gpr_id, record, now=now)
+
+    def _launch_next(self, la: LaunchAction, nxt: LaunchAction, report: ReconcileReport) -> None:
+        """Journal and run the launch ``nxt`` that replaces ``la`` on another offering."""
+        log.info(
+            "GPR %s: no capacity for %s in %s; trying %s in %s",
+            la.gpr_id,
+            la.instance_type,
+            la.zone,
+            nxt.instance_type,
+            nxt.zone,
+        )
+        payload = {"type": nxt.instance_type, "zone": nxt.zone, "count": nxt.count, "after": la.instance_type}
+        (jid,) = self.store.apply([], [], [("launch", nxt.request_id, nxt.gpr_id, payload)], now=self.clock.now())
+        self._launch(jid, nxt, report)
+
+    def _retarget(self, la: LaunchAction) -> LaunchAction | None:
+        """Move the GPR's pending launch ``la`` to its next candidate offering not marked unavailable; return the new
+        launch, or None when there is none (or the GPR moved on meanwhile)."""
+        skip = frozenset(self.unavailable_offerings)
+        moved: list[Gpr] = []
+
+        def fn(g: Gpr) -> Gpr:
+            d = g.status.node_pool_details
+            if (
+                g.request_id != la.request_id
+                or (d.instance_type, d.zone) != (la.instance_type, la.zone)
+                or d.node_ids  # this launch already created nodes: it is not refused, only replayed
+            ):
+                return g
+            nxt = retarget_launch(g, self.catalog, skip)
+            if nxt is None:
+                return g
+            moved.append(nxt)
+            return nxt
+
+        self.store.modify(la.gpr_id, fn, now=self.clock.now())
+        return launch_action(moved[0], self.catalog) if moved else None
 
     def _fail_provisioning(self, gpr_id: str, request_id: str, reason: str, report: ReconcileReport) -> None:
         now = self.clock.now()
@@ -475,11 +555,15 @@ class GprManager:
         blocked = self._blocked if self.config.enable_dynamic_node else None
         if self.config.enable_dynamic_node and provider is None and blocked is None:
             blocked = "no cloud provider is configured"
+        now = self.clock.now()
+        for key in [k for k, until in self._unavailable.items() if until <= now]:
+            del self._unavailable[key]
         return CapacityView(
             nodes=(*inv_nodes, *created),
             scale_up_blocked=blocked,
             failed_requests=failed,
             observed_created=observed,
+            unavailable=dict(self._unavailable),
         )
 
     def _to_gpr_node(self, cn: CloudNode, k8s: GprNode | None, util: Mapping[str, float]) -> GprNode:
