@@ -188,8 +188,16 @@ def _register_server() -> None:
     main.add_command(serve_command, "serve")
 
 
+def _register_gpr_sim() -> None:
+    """``gpuscale simulate-gpr``: GPR workloads on the simulated cloud."""
+    from gpuscale.gpr.sim import gpr_sim_command
+
+    main.add_command(gpr_sim_command, "simulate-gpr")
+
+
 _register_optional()
 _register_server()
+_register_gpr_sim()
 
 
 if __name__ == "__main__":  # pragma: no cover

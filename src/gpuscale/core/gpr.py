@@ -23,6 +23,11 @@ Lifecycle (:data:`TRANSITIONS`; every edge has one trigger, :data:`TRIGGER_DOCS`
     Failed        --requeue-------------> Queued         requeueOnFailure, retryCount < limit (not after
     Evicted       --requeue-------------> Queued         delay-limit or unservable); a new attempt/request id
 
+Insufficient capacity: the shell marks an offering that refused a launch unavailable for a while
+(:attr:`CapacityView.unavailable`); admission skips marked offerings (:func:`candidate_offerings`) and a provisioning
+GPR whose pending launch targets a marked offering moves to the next candidate (:func:`retarget_launch`), failing
+only when none is left.
+
 Nodes serving a GPR carry the label and ``NoSchedule`` taint ``gpuscale.io/gpr=<gprId>`` (:func:`gpr_node_labels`,
 :func:`gpr_node_taints`); only pods matching ``workloadSelector`` and tolerating the taint belong there
 (:func:`admits_pod`).
@@ -992,7 +997,11 @@ def retarget_launch(gpr: Gpr, catalog: Catalog, skip: Collection[OfferingKey]) -
         return None
     it, offer = options[0]
     old = catalog.by_name().get(d.instance_type)
-    old_offer = next((o for o in old.offerings if o.zone == d.zone), None) if old is not None else None
+    old_offer = (
+        next((o for o in old.offerings if o.zone == d.zone and o.capacity_type is CapacityType.ON_DEMAND), None)
+        if old is not None
+        else None
+    )
     old_price = old_offer.hourly_price if old_offer is not None else 0.0
     hours = gpr.spec.exit_duration_s / 3600.0
     cost = max(0.0, st.cost + d.count * (offer.hourly_price - old_price) * hours)
@@ -1012,8 +1021,34 @@ class _Planner:
         self.transitions: list[TransitionRecord] = []
         self.launches: list[LaunchAction] = []
         self.skip = view.skipped_offerings(now)
+        self._cands: dict[tuple[object, ...], tuple[InstanceType, ...]] = {}
+        self._offers: dict[tuple[object, ...], tuple[tuple[InstanceType, Offering], ...]] = {}
 
     # -- helpers
+    @staticmethod
+    def _shape_key(spec: GprSpec) -> tuple[object, ...]:
+        """The spec fields :func:`candidate_types` depends on (a pass sees many GPRs of few shapes)."""
+        return (
+            spec.instance_type,
+            spec.gpu_shape,
+            spec.enable_auto_gpu_selection,
+            spec.number_of_gpus,
+            spec.memory_per_gpu,
+        )
+
+    def cands(self, spec: GprSpec) -> tuple[InstanceType, ...]:
+        key = self._shape_key(spec)
+        if key not in self._cands:
+            self._cands[key] = candidate_types(spec, self.catalog)
+        return self._cands[key]
+
+    def offers(self, spec: GprSpec, *, skip: bool = True) -> tuple[tuple[InstanceType, Offering], ...]:
+        """Candidate offerings of ``spec`` without (``skip``) or with the ones marked out of capacity."""
+        key = (*self._shape_key(spec), skip)
+        if key not in self._offers:
+            self._offers[key] = candidate_offerings(spec, self.catalog, self.skip if skip else frozenset())
+        return self._offers[key]
+
     def move(self, g: Gpr, trigger: Trigger, reason: str = "") -> Gpr:
         nxt = transition(g, trigger, self.now, reason=reason)
         self.transitions.append(TransitionRecord(g.gpr_id, g.state, nxt.state, trigger, reason))
@@ -1181,7 +1216,7 @@ class _Planner:
 
     def try_admit(self, g: Gpr) -> None:
         spec = g.spec
-        cands = candidate_types(spec, self.catalog)
+        cands = self.cands(spec)
         free = self.free_nodes()
         take = _pick_nodes(spec, free, spec.number_of_gpu_nodes)
         rest = spec.number_of_gpu_nodes - len(take)
@@ -1190,7 +1225,7 @@ class _Planner:
             if errors:
                 self.move(g, Trigger.UNSERVABLE, "; ".join(f"{e.field}: {e.message}" for e in errors))
                 return
-        offers = candidate_offerings(spec, self.catalog, self.skip) if cands else ()
+        offers = self.offers(spec) if cands else ()
         dyn = self.dynamic_ok(g) and bool(offers) and self.view.scale_up_blocked is None
         if rest == 0 or (dyn and rest <= self.budget()):
             self.admit(g, take, rest, offers)
@@ -1263,14 +1298,14 @@ class _Planner:
 
     def capacity_back_at(self, spec: GprSpec) -> float:
         """When a scale-up for ``spec`` can next be tried: now, or when the first out-of-capacity mark expires."""
-        if candidate_offerings(spec, self.catalog, self.skip):
+        if self.offers(spec):
             return self.now
-        keys = {_offering_key(it, o) for it, o in candidate_offerings(spec, self.catalog)}
+        keys = {_offering_key(it, o) for it, o in self.offers(spec, skip=False)}
         return min((self.view.unavailable[k] for k in keys if k in self.skip), default=self.now)
 
     def no_capacity_reason(self, spec: GprSpec) -> str:
         """Why no offering can be launched for ``spec``: every candidate is marked out of capacity (and until when)."""
-        keys = {_offering_key(it, o) for it, o in candidate_offerings(spec, self.catalog)}
+        keys = {_offering_key(it, o) for it, o in self.offers(spec, skip=False)}
         marked = sorted((k for k in keys if k in self.skip), key=lambda k: (k.instance_type, k.zone))
         names = ", ".join(f"{k.instance_type} in {k.zone}" for k in marked) or "none"
         until = min((self.view.unavailable[k] for k in marked), default=self.now)
@@ -1344,7 +1379,7 @@ class _Planner:
             heapq.heappush(events, (max(end, self.now), next(seq), nodes, st.node_pool_details.count))
         t = self.now
         for g in queued:
-            cands = candidate_types(g.spec, self.catalog)
+            cands = self.cands(g.spec)
             dyn = self.dynamic_ok(g) and bool(cands) and self.view.scale_up_blocked is None
             launch_from = self.capacity_back_at(g.spec) if dyn else self.now
             while True:
