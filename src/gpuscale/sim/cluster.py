@@ -1,0 +1,684 @@
+"""A simulated Kubernetes cluster implementing :class:`gpuscale.controller.backend.ClusterBackend`.
+
+Nodes appear when the simulated cloud says their kubelet registered, labelled like real gpuscale nodes (the pool's
+labels, the launch request's labels, then the well-known and GPU Feature Discovery labels of
+:func:`gpuscale.core.templates.template_labels`, the hostname and the launch request id) and tainted with the pool's
+and the request's taints. A GPU node advertises ``nvidia.com/gpu`` as allocatable only after its device-plugin
+delay.
+
+A scheduler binds pending pods as kube-scheduler would: the core's label/taint predicates
+(:func:`gpuscale.core.predicates.static_fit`), resources with per-GPU milli accounting
+(:class:`gpuscale.core.state.ClusterState`, so a fraction never straddles two GPUs), GPU-model constraints, gangs
+all-or-nothing, higher priority first, then first come first served; among feasible nodes the configured core scorer
+(best fit by default) chooses. Bound pods run for their duration, then complete. A pod that loses its node (node
+deleted, spot reclaim, eviction) goes back to pending and, when bound again, runs its full duration again.
+
+``evict`` refuses (returns False) when a PodDisruptionBudget would be violated; do-not-disrupt is the controller's
+job, but the cluster counts every disruption of an annotated pod as a violation, for tests and reports.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from gpuscale.controller.backend import Event, PodDisruptionBudget
+from gpuscale.core import labels as L
+from gpuscale.core.model import Catalog, InstanceType, Node, NodePool, Offering, Pod, Taint
+from gpuscale.core.nodeclaim import REQUEST_ID_LABEL
+from gpuscale.core.predicates import static_fit
+from gpuscale.core.resources import MILLI_PER_GPU, Request, Resources
+from gpuscale.core.scoring import make_scorer, select
+from gpuscale.core.state import ABSENT_GPU, ClusterState, IntArray, NodeShape, Placement
+from gpuscale.core.templates import template_allocatable, template_labels
+from gpuscale.providers.base import CloudNode
+from gpuscale.sim.engine import Engine, Timer, stream
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterBehaviour:
+    """Knobs of the simulated cluster.
+
+    ``scorer`` names the core scorer the scheduler uses among feasible nodes. Measured GPU utilisation of a node is
+    the GPU share its pods hold, each weighted by the pod's own utilisation (``busy`` unless the arrival says
+    otherwise), plus Gaussian noise of stddev ``utilization_noise``, clipped to 0..1.
+    """
+
+    scorer: str = "best-fit"
+    busy: float = 1.0
+    utilization_noise: float = 0.0
+    record_pod_events: bool = False
+
+
+@dataclass(slots=True)
+class ClusterCounters:
+    """What happened in the cluster. ``disruptions`` counts pods that lost their node or were evicted."""
+
+    pods_arrived: int = 0
+    binds: int = 0
+    pods_completed: int = 0
+    pods_cancelled: int = 0
+    disruptions: int = 0
+    evictions: int = 0
+    pdb_refusals: int = 0
+    do_not_disrupt_violations: int = 0
+    nodes_registered: int = 0
+    nodes_gpu_ready: int = 0
+    nodes_removed: int = 0
+    nodes_removed_with_pods: int = 0
+    spot_interruptions: int = 0
+    spot_interruptions_survived: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        """Plain dict (for reports)."""
+        return {k: int(v) for k, v in asdict(self).items()}
+
+
+class _SimNode:
+    __slots__ = (
+        "allocatable",
+        "cache",
+        "created_at",
+        "gpu_busy",
+        "gpu_count",
+        "gpu_ready",
+        "gpu_timer",
+        "itype",
+        "labels",
+        "name",
+        "pods",
+        "pool",
+        "price",
+        "slot",
+        "taints",
+        "unschedulable",
+    )
+
+    def __init__(self, name: str, slot: int) -> None:
+        self.name = name
+        self.slot = slot
+        self.labels: dict[str, str] = {}
+        self.taints: tuple[Taint, ...] = ()
+        self.unschedulable = False
+        self.pool = ""
+        self.price = 0.0
+        self.itype: InstanceType | None = None
+        self.allocatable = Resources()
+        self.gpu_count = 0
+        self.gpu_ready = False
+        self.gpu_timer: Timer | None = None
+        self.gpu_busy = 0.0
+        self.pods: set[str] = set()
+        self.created_at = 0.0
+        self.cache: Node | None = None
+
+
+class _SimPod:
+    __slots__ = (
+        "arrived_at",
+        "bound_at",
+        "deadline",
+        "done",
+        "duration",
+        "gpu_util",
+        "node",
+        "pending_since",
+        "placement",
+        "pod",
+        "seq",
+        "sig",
+    )
+
+    def __init__(self, pod: Pod, duration: float, seq: int, now: float, gpu_util: float) -> None:
+        self.pod = pod
+        self.duration = duration
+        self.seq = seq
+        self.arrived_at = now
+        self.pending_since = now
+        self.bound_at: float | None = None
+        self.node: _SimNode | None = None
+        self.placement: Placement | None = None
+        self.done: Timer | None = None
+        self.deadline: Timer | None = None
+        self.gpu_util = gpu_util
+        self.sig = _static_sig(pod)
+
+
+def _static_sig(pod: Pod) -> tuple[object, ...]:
+    return (tuple(sorted(pod.node_selector.items())), pod.affinity, pod.tolerations)
+
+
+def _demand(req: Request) -> float:
+    return req.gpu_demand_milli / MILLI_PER_GPU
+
+
+class SimCluster:
+    """The simulated cluster. Implements ``ClusterBackend`` plus the hooks the simulated cloud and workloads use."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        catalog: Catalog,
+        pools: Sequence[NodePool] = (),
+        behaviour: ClusterBehaviour | None = None,
+        *,
+        seed: int = 0,
+        pdbs: Sequence[PodDisruptionBudget] = (),
+    ) -> None:
+        self.engine = engine
+        self.behaviour = behaviour or ClusterBehaviour()
+        self.pools = {p.name: p for p in pools}
+        self.pdbs: list[PodDisruptionBudget] = list(pdbs)
+        self.counters = ClusterCounters()
+        self.events: list[Event] = []
+        self.spot_notices: Mapping[str, float] = {}
+        """node name -> deadline of spot notices (the runner points this at the cloud's)."""
+        self.version = 0
+        """Bumped on every state change (the runner reconciles only after changes)."""
+        self.pending_samples: list[float] = []
+        """Seconds each pending episode lasted, for every bind so far."""
+        self.used_nodes: set[str] = set()
+        """Names of every node that ever ran a pod."""
+        self._rng = stream(seed, "cluster.utilization")
+        self._scorer = make_scorer(self.behaviour.scorer)
+        self._models = sorted({it.gpu_model for it in catalog.instance_types if it.gpu_model})
+        self._gmax = max([it.gpu_count for it in catalog.instance_types] + [1])
+        self._nodes: dict[str, _SimNode] = {}
+        self._slots: list[_SimNode | None] = []
+        self._free_slots: list[int] = []
+        self._state = self._make_state(max(16, len(self._models) + 1))
+        self._pods: dict[str, _SimPod] = {}
+        self._pending: dict[str, _SimPod] = {}
+        self._new_pending: set[str] = set()
+        self._masks: dict[tuple[object, ...], np.ndarray] = {}
+        self._sig_pod: dict[tuple[object, ...], Pod] = {}
+        self._cap_gen = 0
+        self._passed_gen = -1
+        self._sched_timer: Timer | None = None
+        self._seq = 0
+        self._gpu_s_closed = 0.0
+        self._cancel_samples: list[float] = []
+        self._pods_listed: tuple[int, tuple[Pod, ...]] = (-1, ())
+        self._nodes_listed: tuple[int, tuple[Node, ...]] = (-1, ())
+
+    # ------------------------------------------------------------------------------------------- slot storage
+    def _make_state(self, n: int) -> ClusterState:
+        shapes = [
+            NodeShape(f"_slot{i}", Resources(0, 0, 0, 0), self._models[i] if i < len(self._models) else None)
+            for i in range(n)
+        ]
+        st = ClusterState(shapes, max_gpus=self._gmax)
+        st.gpu_cap[:] = 0
+        st.gpu_free[:] = ABSENT_GPU
+        st.full_free[:] = 0
+        st.max_free[:] = ABSENT_GPU
+        self._slots.extend([None] * (n - len(self._slots)))
+        self._scorer.prepare(st, None)
+        return st
+
+    def _grow(self) -> None:
+        old = self._state
+        n_old = len(old)
+        new = self._make_state(n_old * 2)
+        for name in (
+            "model_idx",
+            "cpu_cap",
+            "mem_cap",
+            "gpu_cap",
+            "pods_cap",
+            "cpu_free",
+            "mem_free",
+            "pods_free",
+            "full_free",
+            "max_free",
+        ):
+            getattr(new, name)[:n_old] = getattr(old, name)
+        new.gpu_free[:n_old] = old.gpu_free
+        new.names[:n_old] = old.names
+        assert new.models == old.models
+        self._state = new
+        for sig, mask in self._masks.items():
+            grown = np.zeros(len(new), dtype=bool)
+            grown[:n_old] = mask
+            self._masks[sig] = grown
+
+    def _alloc_slot(self) -> int:
+        if not self._free_slots:
+            n = len(self._state)
+            used = sum(1 for s in self._slots if s is not None)
+            if used >= n:
+                self._grow()
+            self._free_slots = [i for i in range(len(self._state)) if self._slots[i] is None]
+            heapq.heapify(self._free_slots)
+        return heapq.heappop(self._free_slots)
+
+    def _set_slot(self, sn: _SimNode) -> None:
+        st, i, a = self._state, sn.slot, sn.allocatable
+        st.names[i] = sn.name
+        model = sn.itype.gpu_model if sn.itype is not None else None
+        st.model_idx[i] = st.models.index(model) if model in st.models else st.models.index(None)
+        st.cpu_cap[i] = st.cpu_free[i] = a.cpu_milli
+        st.mem_cap[i] = st.mem_free[i] = a.memory_mib
+        st.pods_cap[i] = st.pods_free[i] = a.pods
+        st.gpu_cap[i] = 0
+        st.gpu_free[i, :] = ABSENT_GPU
+        st.full_free[i] = 0
+        st.max_free[i] = ABSENT_GPU
+
+    def _clear_slot(self, i: int) -> None:
+        st = self._state
+        st.names[i] = f"_slot{i}"
+        for arr in (st.cpu_cap, st.cpu_free, st.mem_cap, st.mem_free, st.pods_cap, st.pods_free, st.gpu_cap):
+            arr[i] = 0
+        st.gpu_free[i, :] = ABSENT_GPU
+        st.full_free[i] = 0
+        st.max_free[i] = ABSENT_GPU
+        for mask in self._masks.values():
+            mask[i] = False
+        self._slots[i] = None
+        heapq.heappush(self._free_slots, i)
+
+    def _static_ok(self, sig: tuple[object, ...], sn: _SimNode) -> bool:
+        return static_fit(self._sig_pod[sig], sn.labels, sn.taints, sn.unschedulable) is None
+
+    def _mask(self, sig: tuple[object, ...], pod: Pod) -> np.ndarray:
+        mask = self._masks.get(sig)
+        if mask is None:
+            self._sig_pod[sig] = pod
+            mask = np.zeros(len(self._state), dtype=bool)
+            for sn in self._nodes.values():
+                mask[sn.slot] = self._static_ok(sig, sn)
+            self._masks[sig] = mask
+        return mask
+
+    def _node_changed(self, sn: _SimNode, *, more_room: bool) -> None:
+        sn.cache = None
+        for sig, mask in self._masks.items():
+            mask[sn.slot] = self._static_ok(sig, sn)
+        self.version += 1
+        if more_room:
+            self._capacity_grew()
+
+    def _capacity_grew(self) -> None:
+        self._cap_gen += 1
+        self._wake_scheduler()
+
+    def _wake_scheduler(self) -> None:
+        if self._pending and self._sched_timer is None:
+            self._sched_timer = self.engine.after(0.0, self._run_scheduler)
+
+    # ----------------------------------------------------------------------------------- cloud listener hooks
+    def node_registered(
+        self,
+        node: CloudNode,
+        itype: InstanceType,
+        taints: tuple[Taint, ...],
+        hourly_price: float,
+        gpu_delay: float | None,
+    ) -> None:
+        """A cloud node's kubelet joined: add the Node (GPUs allocatable after ``gpu_delay``; None means never)."""
+        if node.node_name in self._nodes:
+            return
+        pool = self.pools.get(node.pool) or NodePool(name=node.pool)
+        offering = Offering(node.zone, node.capacity_type, hourly_price)
+        sn = _SimNode(node.node_name, self._alloc_slot())
+        sn.labels = {**pool.labels, **node.labels, **template_labels(pool, itype, offering)}
+        sn.labels[L.HOSTNAME] = node.node_name
+        sn.labels[REQUEST_ID_LABEL] = node.request_id
+        sn.taints = tuple(dict.fromkeys((*pool.taints, *taints)))
+        sn.pool = node.pool
+        sn.price = hourly_price
+        sn.itype = itype
+        sn.allocatable = template_allocatable(pool, itype)
+        sn.gpu_count = sn.allocatable.gpus
+        sn.created_at = self.engine.now()
+        self._slots[sn.slot] = sn
+        self._nodes[sn.name] = sn
+        self._set_slot(sn)
+        self.counters.nodes_registered += 1
+        self._record("NodeRegistered", f"node/{sn.name}", "Registered", f"{itype.name} in {node.zone} joined")
+        if sn.gpu_count and gpu_delay is not None:
+            sn.gpu_timer = self.engine.after(gpu_delay, self._gpus_ready, sn)
+        elif not sn.gpu_count:
+            sn.gpu_ready = True
+        self._node_changed(sn, more_room=True)
+
+    def _gpus_ready(self, sn: _SimNode) -> None:
+        if self._nodes.get(sn.name) is not sn:
+            return
+        sn.gpu_timer = None
+        sn.gpu_ready = True
+        st, i = self._state, sn.slot
+        st.gpu_cap[i] = sn.gpu_count
+        st.gpu_free[i, : sn.gpu_count] = MILLI_PER_GPU
+        st.full_free[i] = sn.gpu_count
+        st.max_free[i] = MILLI_PER_GPU
+        self.counters.nodes_gpu_ready += 1
+        self._record("GpusReady", f"node/{sn.name}", "DevicePluginReady", f"{sn.gpu_count} GPU(s) allocatable")
+        self._node_changed(sn, more_room=True)
+
+    def node_terminated(self, node: CloudNode, reason: str) -> None:
+        """The cloud instance is going away: the Node disappears and its pods go back to pending."""
+        sn = self._nodes.get(node.node_name)
+        if sn is not None:
+            self._remove_node(sn, reason, by_controller=False)
+
+    # ------------------------------------------------------------------------------------------- workloads
+    def add_pod(
+        self, pod: Pod, duration: float, *, deadline: float | None = None, gpu_util: float | None = None
+    ) -> None:
+        """A new pod arrives pending; it runs ``duration`` seconds once bound, and is dropped if still pending at
+        ``deadline`` (absolute time)."""
+        if pod.key in self._pods:
+            raise ValueError(f"pod {pod.key} already exists")
+        now = self.engine.now()
+        self._seq += 1
+        sp = _SimPod(
+            replace(pod, node_name=None, phase="Pending"),
+            max(0.0, duration),
+            self._seq,
+            now,
+            self.behaviour.busy if gpu_util is None else gpu_util,
+        )
+        self._pods[pod.key] = sp
+        self._pending[pod.key] = sp
+        self._new_pending.add(pod.key)
+        self.counters.pods_arrived += 1
+        if deadline is not None:
+            sp.deadline = self.engine.at(deadline, self._cancel, sp)
+        self.version += 1
+        self._wake_scheduler()
+
+    def _cancel(self, sp: _SimPod) -> None:
+        key = sp.pod.key
+        if self._pods.get(key) is not sp or key not in self._pending:
+            return
+        del self._pending[key]
+        self._new_pending.discard(key)
+        del self._pods[key]
+        self._cancel_samples.append(self.engine.now() - sp.pending_since)
+        self.counters.pods_cancelled += 1
+        self.version += 1
+
+    # ------------------------------------------------------------------------------------------- scheduler
+    def _run_scheduler(self) -> None:
+        self._sched_timer = None
+        self.schedule()
+
+    def schedule(self) -> int:
+        """Bind every pending pod that fits now; returns the number bound."""
+        if not self._pending:
+            self._new_pending.clear()
+            return 0
+        if self._cap_gen != self._passed_gen:
+            todo = list(self._pending.values())
+        else:
+            todo = [self._pending[k] for k in self._new_pending if k in self._pending]
+        self._passed_gen = self._cap_gen
+        self._new_pending.clear()
+        if not todo:
+            return 0
+        todo.sort(key=lambda sp: (-sp.pod.priority, sp.pending_since, sp.seq))
+        failed: set[tuple[object, ...]] = set()
+        gangs_seen: set[str] = set()
+        bound = 0
+        for sp in todo:
+            if sp.pod.key not in self._pending:
+                continue
+            if sp.pod.gang:
+                if sp.pod.gang not in gangs_seen:
+                    gangs_seen.add(sp.pod.gang)
+                    bound += self._schedule_gang(sp.pod.gang)
+                continue
+            fkey = (sp.pod.request, sp.sig)
+            if fkey in failed:
+                continue
+            slot = self._choose(sp)
+            if slot is None:
+                failed.add(fkey)
+                continue
+            self._bind(sp, slot)
+            bound += 1
+        return bound
+
+    def _choose(self, sp: _SimPod) -> int | None:
+        req = sp.pod.request
+        ok = self._state.fits(req) & self._mask(sp.sig, sp.pod)
+        cands: IntArray = np.flatnonzero(ok).astype(np.int64)
+        return select(self._scorer, self._state, req, cands)
+
+    def _schedule_gang(self, gang: str) -> int:
+        members = sorted((sp for sp in self._pending.values() if sp.pod.gang == gang), key=lambda sp: sp.seq)
+        size = max(sp.pod.gang_size for sp in members)
+        if len(members) < size:
+            return 0
+        members = members[:size]
+        taken: list[tuple[_SimPod, int, Placement]] = []
+        for sp in members:
+            slot = self._choose(sp)
+            if slot is None:
+                for m, _, pl in taken:
+                    self._state.release(m.pod.request, pl)
+                return 0
+            taken.append((sp, slot, self._state.place(sp.pod.request, slot)))
+        for sp, slot, pl in taken:
+            self._bind(sp, slot, pl)
+        return len(taken)
+
+    def _bind(self, sp: _SimPod, slot: int, placement: Placement | None = None) -> None:
+        sn = self._slots[slot]
+        assert sn is not None
+        now = self.engine.now()
+        req = sp.pod.request
+        sp.placement = placement if placement is not None else self._state.place(req, slot)
+        sp.node = sn
+        sp.bound_at = now
+        sp.pod = replace(sp.pod, node_name=sn.name, phase="Running")
+        del self._pending[sp.pod.key]
+        if sp.deadline is not None:
+            sp.deadline.cancel()
+            sp.deadline = None
+        sn.pods.add(sp.pod.key)
+        sn.gpu_busy += _demand(req) * sp.gpu_util
+        self.used_nodes.add(sn.name)
+        self.pending_samples.append(now - sp.pending_since)
+        self.counters.binds += 1
+        sp.done = self.engine.after(sp.duration, self._complete, sp)
+        self.version += 1
+        if self.behaviour.record_pod_events:
+            self._record("Scheduled", f"pod/{sp.pod.key}", "Bound", f"bound to {sn.name}")
+
+    def _unbind(self, sp: _SimPod) -> _SimNode:
+        sn = sp.node
+        assert sn is not None and sp.placement is not None and sp.bound_at is not None
+        now = self.engine.now()
+        req = sp.pod.request
+        self._state.release(req, sp.placement)
+        sn.pods.discard(sp.pod.key)
+        sn.gpu_busy -= _demand(req) * sp.gpu_util
+        if not sn.pods:
+            sn.gpu_busy = 0.0
+        self._gpu_s_closed += (now - sp.bound_at) * _demand(req)
+        if sp.done is not None:
+            sp.done.cancel()
+        sp.node, sp.placement, sp.bound_at, sp.done = None, None, None, None
+        self.version += 1
+        return sn
+
+    def _complete(self, sp: _SimPod) -> None:
+        if self._pods.get(sp.pod.key) is not sp or sp.node is None:
+            return
+        sp.done = None
+        self._unbind(sp)
+        del self._pods[sp.pod.key]
+        self.counters.pods_completed += 1
+        self._capacity_grew()
+
+    def _repend(self, sp: _SimPod, reason: str, *, by_controller: bool) -> None:
+        node = self._unbind(sp)
+        sp.pod = replace(sp.pod, node_name=None, phase="Pending")
+        sp.pending_since = self.engine.now()
+        self._pending[sp.pod.key] = sp
+        self._new_pending.add(sp.pod.key)
+        self.counters.disruptions += 1
+        if by_controller and sp.pod.annotations.get(L.DO_NOT_DISRUPT_ANNOTATION) == "true":
+            self.counters.do_not_disrupt_violations += 1
+        self._record("PodDisrupted", f"pod/{sp.pod.key}", reason, f"lost its place on {node.name}")
+
+    # ------------------------------------------------------------------------------------ ClusterBackend API
+    def list_pods(self) -> Sequence[Pod]:
+        """Every pending or running pod (completed and cancelled pods are gone)."""
+        if self._pods_listed[0] != self.version:
+            self._pods_listed = (self.version, tuple(sp.pod for sp in self._pods.values()))
+        return self._pods_listed[1]
+
+    def list_nodes(self) -> Sequence[Node]:
+        """Every registered node; GPUs count as allocatable only once the device plugin is ready."""
+        if self._nodes_listed[0] != self.version:
+            self._nodes_listed = (self.version, tuple(self._as_node(sn) for sn in self._nodes.values()))
+        return self._nodes_listed[1]
+
+    def _as_node(self, sn: _SimNode) -> Node:
+        if sn.cache is None:
+            alloc = sn.allocatable if sn.gpu_ready else replace(sn.allocatable, gpus=0)
+            sn.cache = Node(
+                name=sn.name,
+                allocatable=alloc,
+                labels=dict(sn.labels),
+                taints=sn.taints,
+                unschedulable=sn.unschedulable,
+                pool=sn.pool,
+                launching=False,
+                hourly_cost=sn.price,
+            )
+        return sn.cache
+
+    def list_pdbs(self) -> Sequence[PodDisruptionBudget]:
+        """The PodDisruptionBudgets."""
+        return list(self.pdbs)
+
+    def gpu_utilization(self) -> Mapping[str, float]:
+        """Measured GPU utilisation of every node whose GPUs are allocatable."""
+        noise = self.behaviour.utilization_noise
+        out: dict[str, float] = {}
+        for sn in self._nodes.values():
+            if not sn.gpu_ready or not sn.gpu_count:
+                continue
+            u = sn.gpu_busy / sn.gpu_count
+            if noise > 0:
+                u += self._rng.gauss(0.0, noise)
+            out[sn.name] = min(1.0, max(0.0, u))
+        return out
+
+    def cordon(self, node_name: str) -> None:
+        """Mark a node unschedulable (a node that is already gone is ignored)."""
+        sn = self._nodes.get(node_name)
+        if sn is not None and not sn.unschedulable:
+            sn.unschedulable = True
+            self._node_changed(sn, more_room=False)
+
+    def uncordon(self, node_name: str) -> None:
+        """Make a cordoned node schedulable again."""
+        sn = self._nodes.get(node_name)
+        if sn is not None and sn.unschedulable:
+            sn.unschedulable = False
+            self._node_changed(sn, more_room=True)
+
+    def evict(self, pod_key: str) -> bool:
+        """Evict a running pod back to pending; False (and nothing changes) if a PDB would be violated.
+
+        A pod that does not exist or is not bound counts as evicted.
+        """
+        sp = self._pods.get(pod_key)
+        if sp is None or sp.node is None:
+            return True
+        for pdb in self._pdbs_for(sp.pod):
+            unavailable = sum(1 for other in self._pods.values() if other.node is None and _pdb_selects(pdb, other.pod))
+            if unavailable + 1 > pdb.max_unavailable:
+                self.counters.pdb_refusals += 1
+                self._record(
+                    "EvictionRefused",
+                    f"pod/{pod_key}",
+                    "PodDisruptionBudget",
+                    f"{pdb.namespace}/{pdb.name} allows {pdb.max_unavailable} unavailable, {unavailable} already are",
+                )
+                return False
+        self.counters.evictions += 1
+        self._repend(sp, "Evicted", by_controller=True)
+        self._capacity_grew()
+        return True
+
+    def _pdbs_for(self, pod: Pod) -> Iterable[PodDisruptionBudget]:
+        return (p for p in self.pdbs if _pdb_selects(p, pod))
+
+    def delete_node(self, node_name: str) -> None:
+        """Remove the Node object; its pods go back to pending. A node that is already gone is ignored."""
+        sn = self._nodes.get(node_name)
+        if sn is not None:
+            self._remove_node(sn, "NodeDeleted", by_controller=True)
+
+    def record(self, event: Event) -> None:
+        """Record a decision."""
+        self.events.append(event)
+
+    def _record(self, kind: str, obj: str, reason: str, message: str) -> None:
+        self.events.append(Event(self.engine.now(), kind, obj, reason, message))
+
+    def _remove_node(self, sn: _SimNode, reason: str, *, by_controller: bool) -> None:
+        pods = sorted(sn.pods, key=lambda k: self._pods[k].seq)
+        for key in pods:
+            self._repend(self._pods[key], reason, by_controller=by_controller)
+        if sn.gpu_timer is not None:
+            sn.gpu_timer.cancel()
+        del self._nodes[sn.name]
+        self._clear_slot(sn.slot)
+        self.counters.nodes_removed += 1
+        if pods:
+            self.counters.nodes_removed_with_pods += 1
+        if sn.name in self.spot_notices:
+            self.counters.spot_interruptions += 1
+            if not pods:
+                self.counters.spot_interruptions_survived += 1
+        self._record("NodeRemoved", f"node/{sn.name}", reason, f"{len(pods)} pod(s) back to pending")
+        self.version += 1
+        if pods:
+            self._capacity_grew()
+
+    # ------------------------------------------------------------------------------------------- inspection
+    def pending_count(self) -> int:
+        """Pods waiting for a node."""
+        return len(self._pending)
+
+    def running_count(self) -> int:
+        """Pods bound to a node."""
+        return len(self._pods) - len(self._pending)
+
+    def node(self, name: str) -> Node | None:
+        """One node by name, or None."""
+        sn = self._nodes.get(name)
+        return self._as_node(sn) if sn is not None else None
+
+    def pods_on(self, name: str) -> list[str]:
+        """Keys of the pods bound to a node."""
+        sn = self._nodes.get(name)
+        return sorted(sn.pods) if sn is not None else []
+
+    def gpu_hours_requested(self, now: float | None = None) -> float:
+        """GPU-hours held by running pods so far (whole GPUs count 1, fractions their share)."""
+        t = self.engine.now() if now is None else now
+        running = sum(
+            (t - sp.bound_at) * _demand(sp.pod.request) for sp in self._pods.values() if sp.bound_at is not None
+        )
+        return (self._gpu_s_closed + running) / 3600.0
+
+    def pending_durations(self, now: float | None = None) -> list[float]:
+        """Every pending episode's length: finished ones, cancelled ones, and those still waiting (until now)."""
+        t = self.engine.now() if now is None else now
+        return [*self.pending_samples, *self._cancel_samples, *(t - sp.pending_since for sp in self._pending.values())]
+
+
+def _pdb_selects(pdb: PodDisruptionBudget, pod: Pod) -> bool:
+    return pdb.namespace == pod.namespace and all(pod.labels.get(k) == v for k, v in pdb.selector.items())

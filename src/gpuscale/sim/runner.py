@@ -1,0 +1,259 @@
+"""The simulation driver: wires engine, cloud, cluster and a controller, delivers the workload and reconciles.
+
+The controller is any object with ``reconcile() -> None``, built by ``controller_factory`` with the keyword
+arguments ``backend`` (the :class:`SimCluster`), ``provider`` (the :class:`SimCloud`), ``pools``, ``catalog``,
+``clock`` (the virtual clock) and ``config`` (the scenario's ``policy`` mapping). It may also define
+``next_wakeup() -> float | None``: the virtual time of its next timer (batch window closing, ``consolidateAfter``
+expiring, a deadline, a back-off). Then the driver reconciles exactly when the cluster or cloud changed (at most
+once per ``reconcile_interval_s``) or a timer is due (on time), and an idle month costs nothing. A wakeup already
+in the past is honoured at the next interval (the controller says it is overdue), so a controller that keeps
+returning one is polled every interval. Without ``next_wakeup`` the driver keeps reconciling every interval for
+``settle_s`` after each change, then backs off exponentially while pods are pending.
+
+A controller that raises :class:`ControllerCrash` from ``reconcile`` (crash-safety tests raise it from the cloud's
+or cluster's hooks) is thrown away and rebuilt by the factory from the cluster and cloud state alone.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gpuscale.core.model import Catalog, NodePool
+from gpuscale.sim.cloud import SimCloud
+from gpuscale.sim.cluster import SimCluster
+from gpuscale.sim.engine import Engine
+from gpuscale.sim.report import TimeSeries, build_report
+from gpuscale.sim.scenario import Scenario
+from gpuscale.sim.workloads import Arrival
+
+DEFAULT_TAIL_S = 3600.0
+"""Without a scenario duration, the run ends this long after the last pod would have finished."""
+
+
+class Controller(Protocol):
+    """What the driver needs from a controller."""
+
+    def reconcile(self) -> None: ...
+
+
+ControllerFactory = Callable[..., Controller]
+
+
+class ControllerCrash(Exception):
+    """Raised (by a test hook) to simulate the controller process dying in the middle of a reconcile."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerConfig:
+    """Driver knobs; None takes the scenario's ``policy.reconcileInterval`` / ``policy.settle``.
+
+    Reconciles caused by a change are at least ``reconcile_interval_s`` apart; a controller's future timer is
+    honoured on time, at least ``min_spacing_s`` after the previous reconcile. ``settle_s`` None derives it from the
+    pools (longest ``consolidateAfter`` + 3 intervals).
+    """
+
+    reconcile_interval_s: float | None = None
+    min_spacing_s: float = 1.0
+    settle_s: float | None = None
+    max_idle_interval_s: float = 3600.0
+    record_series: bool = True
+
+
+@dataclass
+class SimResult:
+    """Everything a finished run leaves behind."""
+
+    scenario: Scenario
+    engine: Engine
+    cloud: SimCloud
+    cluster: SimCluster
+    controller: Controller
+    report: dict[str, Any]
+    series: TimeSeries
+    reconciles: int = 0
+    restarts: int = 0
+    wall_s: float = 0.0
+    arrivals: int = 0
+    reconcile_times: list[float] = field(default_factory=list)
+
+
+def build_world(scenario: Scenario) -> tuple[Engine, SimCloud, SimCluster]:
+    """Engine, cloud and cluster of a scenario, wired together (no workload, no controller)."""
+    engine = Engine()
+    cluster = SimCluster(
+        engine, scenario.catalog, scenario.pools, scenario.cluster, seed=scenario.seed, pdbs=scenario.pdbs
+    )
+    cloud = SimCloud(engine, scenario.catalog, scenario.cloud, seed=scenario.seed, listener=cluster)
+    cluster.spot_notices = cloud.spot_notices
+    return engine, cloud, cluster
+
+
+def _make_controller(
+    factory: ControllerFactory,
+    cluster: SimCluster,
+    cloud: SimCloud,
+    pools: Sequence[NodePool],
+    catalog: Catalog,
+    engine: Engine,
+    config: Mapping[str, Any],
+) -> Controller:
+    return factory(
+        backend=cluster, provider=cloud, pools=tuple(pools), catalog=catalog, clock=engine.clock, config=config
+    )
+
+
+def run_simulation(
+    scenario: Scenario,
+    controller_factory: ControllerFactory,
+    *,
+    config: RunnerConfig | None = None,
+    progress: Callable[[float], None] | None = None,
+    arrivals: Sequence[Arrival] | None = None,
+    policy_name: str | None = None,
+) -> SimResult:
+    """Run ``scenario`` under the controller built by ``controller_factory`` (see the module docstring).
+
+    ``arrivals`` overrides the scenario's workload (e.g. to share one parsed trace between policies). ``progress``
+    is called with the fraction of virtual time done (0..1), at most about 200 times.
+    """
+    cfg = config or RunnerConfig()
+    wall0 = time.perf_counter()
+    engine, cloud, cluster = build_world(scenario)
+    work = list(arrivals) if arrivals is not None else scenario.arrivals()
+    end = scenario.duration_s
+    if end is None:
+        last = max((max(a.at + a.duration, a.deadline or 0.0) for a in work), default=0.0)
+        end = last + DEFAULT_TAIL_S
+    interval = max(
+        1e-6, cfg.reconcile_interval_s if cfg.reconcile_interval_s is not None else scenario.reconcile_interval_s
+    )
+    spacing = min(interval, cfg.min_spacing_s)
+    settle = cfg.settle_s if cfg.settle_s is not None else scenario.settle_s
+    if settle is None:
+        settle = max((p.disruption.consolidate_after_s for p in scenario.pools), default=0.0) + 3 * interval
+
+    # arrivals are fed one at a time, so the heap stays small
+    feed = iter(work)
+
+    def deliver(a: Arrival) -> None:
+        cluster.add_pod(a.pod, a.duration, deadline=a.deadline, gpu_util=a.gpu_util)
+        nxt = next(feed, None)
+        if nxt is not None:
+            engine.at(nxt.at, deliver, nxt)
+
+    first = next(feed, None)
+    if first is not None:
+        engine.at(first.at, deliver, first)
+
+    controller = _make_controller(
+        controller_factory, cluster, cloud, scenario.pools, scenario.catalog, engine, scenario.policy
+    )
+    series = TimeSeries()
+    reconciles = restarts = 0
+    reconcile_times: list[float] = []
+    last_reconcile = -math.inf
+    seen_version = (-1, -1)
+    last_change = 0.0
+    next_reconcile: float | None = 0.0
+    idle_step = interval
+    next_progress = 0.0
+
+    def version() -> tuple[int, int]:
+        return (cluster.version, cloud.version)
+
+    while True:
+        now = engine.now()
+        if now >= end:
+            break
+        t_event = engine.peek()
+        wake_fn = getattr(controller, "next_wakeup", None)
+        wake = wake_fn() if wake_fn is not None else None
+        if wake is not None:
+            if wake > last_reconcile:  # a future timer: honoured on time (but not more often than min_spacing_s)
+                wake = max(wake, last_reconcile + spacing, now)
+            else:  # overdue: polled at the reconcile interval
+                wake = max(last_reconcile + interval, now)
+        candidates = [x for x in (t_event, next_reconcile, wake) if x is not None]
+        if not candidates:
+            break
+        t_next = min(min(candidates), end)
+        engine.run_until(t_next)
+        now = engine.now()
+        v = version()
+        if v != seen_version:
+            seen_version = v
+            last_change = now
+            idle_step = interval
+            if cfg.record_series:
+                series.record(now, cloud, cluster)
+            due = max(now, last_reconcile + interval)
+            next_reconcile = due if next_reconcile is None else min(next_reconcile, due)
+        reconcile_now = (next_reconcile is not None and now >= next_reconcile) or (wake is not None and now >= wake)
+        if reconcile_now and now < end:
+            try:
+                controller.reconcile()
+            except ControllerCrash:
+                restarts += 1
+                crashed = True
+                controller = _make_controller(
+                    controller_factory, cluster, cloud, scenario.pools, scenario.catalog, engine, scenario.policy
+                )
+            else:
+                crashed = False
+            reconciles += 1
+            reconcile_times.append(now)
+            last_reconcile = now
+            next_reconcile = now + interval if crashed else None
+            v = version()
+            if v != seen_version:
+                seen_version = v
+                last_change = now
+                if cfg.record_series:
+                    series.record(now, cloud, cluster)
+                next_reconcile = now + interval
+            elif wake_fn is None:
+                if now - last_change < settle:
+                    next_reconcile = now + interval
+                elif cluster.pending_count():
+                    idle_step = min(idle_step * 2, cfg.max_idle_interval_s)
+                    next_reconcile = now + idle_step
+        if progress is not None and now >= next_progress:
+            progress(min(1.0, now / end) if end > 0 else 1.0)
+            next_progress = now + end / 200
+    engine.run_until(end, inclusive=False)
+    engine.clock.advance_to(end)
+    if cfg.record_series:
+        series.record(end, cloud, cluster, force=True)
+    if progress is not None:
+        progress(1.0)
+    wall = time.perf_counter() - wall0
+    name = policy_name or str(scenario.policy.get("name", ""))
+    report = build_report(
+        cloud,
+        cluster,
+        scenario=scenario.name,
+        policy=name,
+        seed=scenario.seed,
+        now=end,
+        wall_s=wall,
+        reconciles=reconciles,
+        restarts=restarts,
+    )
+    return SimResult(
+        scenario=scenario,
+        engine=engine,
+        cloud=cloud,
+        cluster=cluster,
+        controller=controller,
+        report=report,
+        series=series,
+        reconciles=reconciles,
+        restarts=restarts,
+        wall_s=wall,
+        arrivals=len(work),
+        reconcile_times=reconcile_times,
+    )
