@@ -195,7 +195,17 @@ def _register_gpr_sim() -> None:
     main.add_command(gpr_sim_command, "simulate-gpr")
 
 
+def _register_sim() -> None:
+    """Simulator commands: ``simulate``, ``compare``, ``demo``."""
+    from gpuscale.sim.commands import compare_command, demo_command, simulate_command
+
+    main.add_command(simulate_command, "simulate")
+    main.add_command(compare_command, "compare")
+    main.add_command(demo_command, "demo")
+
+
 _register_optional()
+_register_sim()
 _register_server()
 _register_gpr_sim()
 

@@ -1,0 +1,1489 @@
+"""The reconcile loop shared by every backend (simulated cluster, Kubernetes): observe -> decide -> act.
+
+One :meth:`Controller.reconcile` call:
+
+1. **observe** pods, nodes, PDBs and GPU utilisation from the :class:`~gpuscale.controller.backend.ClusterBackend`,
+   the provider's node list and its asynchronous events (spot notices, launch failures);
+2. **sync node claims** (:mod:`gpuscale.core.nodeclaim`): every provider node is a claim keyed by its launch request
+   id; claims advance Launched -> Registered -> Initialized as the Node appears and advertises its GPUs, time out
+   by their per-pool deadlines, and vanish when the provider no longer lists them;
+3. **scale up**: pending pods are batched (a batch closes ``batch_idle_s`` after the last new pending pod, or
+   ``batch_max_s`` after it opened), then the pure planner (:func:`gpuscale.core.planner.plan`) sees every node in
+   flight as a ``launching`` node with its template's allocatable, so a slow device plugin never causes a second
+   launch for the same pods. Provider errors are data: insufficient capacity marks the offering unavailable for
+   ``unavailable_ttl_s`` and re-plans at once (next cheapest offering, pool or capacity type; a spot-only pool with
+   ``allow_spot_fallback`` may then buy on-demand, labelled as a fallback that later drifts back to spot); quota
+   and rate-limit errors back a pool off; transient errors retry the same request id;
+4. **scale down** with :func:`gpuscale.core.disruption.plan_disruption` every ``disruption_interval_s``;
+5. **act**: launch (one node per request id), cordon, evict (never past a PDB; never a do-not-disrupt pod in a
+   voluntary drain), delete; every decision is recorded as an :class:`~gpuscale.controller.backend.Event`.
+
+Crash safety: the controller keeps nothing that cannot be rebuilt. A new controller adopts every provider node as a
+claim (a cordoned node is resumed as Draining, a provider node in ``deleting`` as Deleting), and request ids are
+derived deterministically from what is launched and for which pods, so a restart between "asked" and "recorded"
+replays the same id and the provider's idempotency returns the node it already made. Deletes are idempotent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from gpuscale.clock import Clock
+from gpuscale.controller.backend import ClusterBackend, Event
+from gpuscale.core import labels as L
+from gpuscale.core.disruption import (
+    SPOT_FALLBACK_LABEL,
+    ActionKind,
+    DisruptionAction,
+    KeepReason,
+    PodDisruptionBudget,
+    do_not_disrupt,
+    pdb_allowances,
+    plan_disruption,
+    pool_offerings,
+)
+from gpuscale.core.model import (
+    CapacityType,
+    Catalog,
+    InstanceType,
+    Node,
+    NodePool,
+    Offering,
+    OfferingKey,
+    Pod,
+    Snapshot,
+    Taint,
+)
+from gpuscale.core.nodeclaim import (
+    DEFAULT_DEADLINES,
+    REQUEST_ID_LABEL,
+    ClaimEvent,
+    ClaimPhase,
+    Deadlines,
+    NodeClaim,
+    deadline,
+    expired,
+    new_claim,
+    timeout_event,
+    transition,
+)
+from gpuscale.core.plan import BlockReason, PlannerConfig, ScaleUpPlan
+from gpuscale.core.resources import Resources
+from gpuscale.core.templates import template_allocatable, template_labels
+from gpuscale.errors import (
+    CapacityError,
+    InputError,
+    InvalidProviderRequest,
+    NotFound,
+    ProviderError,
+    QuotaExceeded,
+    RateLimited,
+)
+from gpuscale.manifests.quantity import DURATION_HELP, parse_duration
+from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, Provider, ProviderEvent, ProviderEventKind
+
+PlanFn = Callable[[Snapshot, PlannerConfig, float], ScaleUpPlan]
+"""The planner's signature (:func:`gpuscale.core.planner.plan`)."""
+
+
+class EventKind(StrEnum):
+    """``Event.kind`` values the controller records."""
+
+    SCALE_UP = "ScaleUp"
+    BLOCKED = "Blocked"
+    LAUNCH_FAILED = "LaunchFailed"
+    LAUNCH_RETRY = "LaunchRetry"
+    OFFERING_UNAVAILABLE = "OfferingUnavailable"
+    SPOT_FALLBACK = "SpotFallback"
+    BACKOFF = "Backoff"
+    REGISTERED = "NodeRegistered"
+    INITIALIZED = "NodeInitialized"
+    TIMEOUT = "NodeClaimTimeout"
+    ADOPTED = "NodeClaimAdopted"
+    LOST = "NodeLost"
+    GONE = "NodeGone"
+    CONSOLIDATE = "Consolidate"
+    REPLACE_ABORTED = "ReplaceAborted"
+    DISRUPTION_BLOCKED = "DisruptionBlocked"
+    SPOT_INTERRUPTION = "SpotInterruption"
+    NODE_FAILED = "NodeFailed"
+    DRAIN = "Drain"
+    EVICT = "Evict"
+    EVICT_BLOCKED = "EvictBlocked"
+    DELETE = "NodeDelete"
+    ORPHAN = "OrphanNodeRemoved"
+    OBSERVE_FAILED = "ObserveFailed"
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """Knobs of the reconcile loop (times in seconds)."""
+
+    batch_idle_s: float = 1.0
+    """A batch of pending pods closes this long after the last new pending pod..."""
+    batch_max_s: float = 10.0
+    """...or this long after it opened."""
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    deadlines: Deadlines = DEFAULT_DEADLINES
+    pool_deadlines: Mapping[str, Deadlines] = field(default_factory=dict)
+    """Per-pool overrides of ``deadlines``."""
+    unavailable_ttl_s: float = 180.0
+    """How long an offering stays unavailable after insufficient capacity (or a spot interruption)."""
+    gpu_init_unavailable_ttl_s: float = 1800.0
+    """How long an (instance type, zone) stays unavailable after a node whose GPUs never appeared."""
+    quota_backoff_s: float = 60.0
+    """First back-off of a pool after a quota error; doubles per consecutive error up to ``max_backoff_s``."""
+    max_backoff_s: float = 600.0
+    retry_base_s: float = 2.0
+    """First retry delay of a launch or delete after a transient error (doubles per attempt)."""
+    replan_interval_s: float = 30.0
+    """Re-plan unchanged pending pods at least this often."""
+    max_replans: int = 6
+    """Re-plans within one reconcile after capacity errors."""
+    disruption_interval_s: float = 10.0
+    consolidation_refresh_s: float = 300.0
+    """Re-evaluate consolidation at least this often even when nothing changed (cron budget windows)."""
+    consolidation_retry_s: float = 60.0
+    """A node kept because its pods fit nowhere cheaper is re-simulated after this long (sooner if its pods change)."""
+    consolidation: bool = True
+    replace_nodes: bool = True
+    """Consolidation may replace a node by a cheaper one (False: only delete nodes whose pods fit elsewhere)."""
+    lost_grace_s: float = 30.0
+    """A just-launched node missing from the provider's list is only considered lost after this long."""
+    orphan_grace_s: float = 30.0
+    """A node labelled with a request id the provider does not list is deleted after this long."""
+    request_id_prefix: str = "gs"
+
+    def deadlines_for(self, pool: str) -> Deadlines:
+        """The deadlines of ``pool``."""
+        return self.pool_deadlines.get(pool, self.deadlines)
+
+    @staticmethod
+    def from_policy(policy: Mapping[str, Any] | None, where: str = "policy") -> ControllerConfig:
+        """Build from a scenario's ``policy`` mapping (camelCase keys, durations as seconds or ``"5m"``).
+
+        Durations: ``batchIdle``, ``batchMax``, ``unavailableTtl``, ``gpuInitUnavailableTtl``, ``quotaBackoff``,
+        ``maxBackoff``, ``retryBase``, ``replanInterval``, ``disruptionInterval``, ``consolidationRefresh``,
+        ``consolidationRetry``, ``lostGrace``, ``orphanGrace``, ``solverTimeLimit``. Others: ``maxReplans``,
+        ``consolidation``, ``replaceNodes``, ``requestIdPrefix``, ``scorer``, ``exactSolver``, ``deadlines``
+        (``launch``, ``registration``, ``gpuInit``) and ``poolDeadlines`` (pool name -> deadlines). ``name`` and
+        ``reconcileInterval`` belong to the simulator and are ignored. Anything else raises
+        :class:`~gpuscale.errors.InputError`.
+        """
+        policy = dict(policy or {})
+        kw: dict[str, Any] = {}
+        planner: dict[str, Any] = {}
+        for key, value in policy.items():
+            path = f"{where}.{key}"
+            if key in ("name", "reconcileInterval", "settle"):
+                continue
+            if key in _DURATION_KEYS:
+                kw[_DURATION_KEYS[key]] = _duration(value, path)
+            elif key == "maxReplans":
+                kw["max_replans"] = _int(value, path)
+            elif key == "consolidation":
+                kw["consolidation"] = _bool(value, path)
+            elif key == "replaceNodes":
+                kw["replace_nodes"] = _bool(value, path)
+            elif key == "requestIdPrefix":
+                if not isinstance(value, str) or not value:
+                    raise InputError("must be a non-empty string", where=path, value=value, fix='e.g. "gs"')
+                kw["request_id_prefix"] = value
+            elif key == "scorer":
+                planner["scorer"] = str(value)
+            elif key == "exactSolver":
+                planner["exact_solver"] = _bool(value, path)
+            elif key == "solverTimeLimit":
+                planner["solver_time_limit_s"] = _duration(value, path)
+            elif key == "deadlines":
+                kw["deadlines"] = _deadlines(value, path)
+            elif key == "poolDeadlines":
+                if not isinstance(value, Mapping):
+                    raise InputError("must map pool names to deadlines", where=path, value=value)
+                kw["pool_deadlines"] = {str(k): _deadlines(v, f"{path}.{k}") for k, v in value.items()}
+            else:
+                known = sorted([*_DURATION_KEYS, "maxReplans", "consolidation", "replaceNodes", "requestIdPrefix"])
+                known += [
+                    "scorer",
+                    "exactSolver",
+                    "solverTimeLimit",
+                    "deadlines",
+                    "poolDeadlines",
+                    "name",
+                    "reconcileInterval",
+                ]
+                raise InputError("unknown policy setting", where=path, value=key, fix=f"use one of {', '.join(known)}")
+        if planner:
+            kw["planner"] = replace(PlannerConfig(), **planner)
+        return ControllerConfig(**kw)
+
+
+_DURATION_KEYS = {
+    "batchIdle": "batch_idle_s",
+    "batchMax": "batch_max_s",
+    "unavailableTtl": "unavailable_ttl_s",
+    "gpuInitUnavailableTtl": "gpu_init_unavailable_ttl_s",
+    "quotaBackoff": "quota_backoff_s",
+    "maxBackoff": "max_backoff_s",
+    "retryBase": "retry_base_s",
+    "replanInterval": "replan_interval_s",
+    "disruptionInterval": "disruption_interval_s",
+    "consolidationRefresh": "consolidation_refresh_s",
+    "consolidationRetry": "consolidation_retry_s",
+    "lostGrace": "lost_grace_s",
+    "orphanGrace": "orphan_grace_s",
+}
+
+
+def _duration(value: object, where: str) -> float:
+    if isinstance(value, bool):
+        raise InputError("must be a duration", where=where, value=value, fix=DURATION_HELP)
+    if isinstance(value, int | float):
+        if value < 0 or not math.isfinite(value):
+            raise InputError("must be a non-negative number of seconds", where=where, value=value, fix=DURATION_HELP)
+        return float(value)
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise InputError(f"not a duration ({exc})", where=where, value=value, fix=DURATION_HELP) from None
+
+
+def _int(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError("must be a positive integer", where=where, value=value, fix="e.g. 6")
+    return value
+
+
+def _bool(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise InputError("must be true or false", where=where, value=value, fix="write true or false")
+    return value
+
+
+def _deadlines(value: object, where: str) -> Deadlines:
+    if not isinstance(value, Mapping):
+        raise InputError("must be a mapping", where=where, value=value, fix="e.g. {launch: 5m, gpuInit: 10m}")
+    names = {"launch": "launch_s", "registration": "registration_s", "gpuInit": "gpu_init_s"}
+    kw: dict[str, float] = {}
+    for k, v in value.items():
+        if k not in names:
+            raise InputError("unknown deadline", where=f"{where}.{k}", value=k, fix="use launch, registration, gpuInit")
+        kw[names[k]] = _duration(v, f"{where}.{k}")
+    return Deadlines(**kw)
+
+
+@dataclass(slots=True)
+class ReconcileResult:
+    """What one reconcile did."""
+
+    at: float
+    planned: bool = False
+    launched: int = 0
+    disrupted: int = 0
+    evicted: int = 0
+    deleted: int = 0
+    observe_failed: bool = False
+
+
+@dataclass(slots=True)
+class _Backoff:
+    until: float
+    failures: int
+
+
+@dataclass(slots=True)
+class _World:
+    """One observation."""
+
+    now: float
+    pods: list[Pod]
+    nodes: dict[str, Node]
+    cloud: list[CloudNode]
+    events: list[ProviderEvent]
+    pdbs: list[PodDisruptionBudget]
+    utilization: Mapping[str, float]
+
+
+def _default_planner() -> PlanFn:
+    from gpuscale.core.planner import plan
+
+    return plan
+
+
+class _Outcome(StrEnum):
+    OK = "ok"
+    RETRY = "retry"
+    CAPACITY = "capacity"
+    QUOTA = "quota"
+    FAILED = "failed"
+    GUARD = "guard"
+    BURNT = "burnt"
+
+
+_LIVE_PHASES = ("Pending", "Running", "")
+_STATIC_BLOCKS = frozenset(
+    {BlockReason.TOO_LARGE, BlockReason.NO_MATCHING_POOL, BlockReason.TAINT_NOT_TOLERATED, BlockReason.INVALID_REQUEST}
+)
+"""Block reasons no change of nodes, capacity or time can lift (pools and catalog are fixed for a controller)."""
+_HOLDS_NODE = frozenset(
+    {
+        ClaimPhase.LAUNCHED,
+        ClaimPhase.REGISTERED,
+        ClaimPhase.INITIALIZED,
+        ClaimPhase.DRAINING,
+        ClaimPhase.DELETING,
+    }
+)
+
+
+class Controller:
+    """The gpuscale controller. Call :meth:`reconcile` periodically (every second or so, or at :meth:`next_wakeup`).
+
+    ``pools`` and ``catalog`` describe what may be launched; ``planner`` defaults to
+    :func:`gpuscale.core.planner.plan`. All state is rebuilt from ``backend`` and ``provider`` on the first
+    reconcile, so constructing a new controller is how a crashed one restarts.
+    """
+
+    def __init__(
+        self,
+        backend: ClusterBackend,
+        provider: Provider,
+        pools: Sequence[NodePool],
+        catalog: Catalog,
+        clock: Clock,
+        config: ControllerConfig | None = None,
+        *,
+        planner: PlanFn | None = None,
+    ) -> None:
+        self.backend = backend
+        self.provider = provider
+        self.pools: dict[str, NodePool] = {p.name: p for p in pools}
+        self.catalog = catalog
+        self.clock = clock
+        self.config = config or ControllerConfig()
+        self._plan_fn: PlanFn = planner or _default_planner()
+        self._types: dict[str, InstanceType] = catalog.by_name()
+        self.claims: dict[str, NodeClaim] = {}
+        """Live node claims by request id."""
+        self.unavailable: dict[OfferingKey, float] = {}
+        """Offerings not to be bought until the given time."""
+        self._burnt: set[str] = set()
+        self._pool_backoff: dict[str, _Backoff] = {}
+        self._retry_at: dict[str, float] = {}
+        self._attempts: dict[str, int] = {}
+        self._spot_fallback_until: dict[str, float] = {}
+        self._involuntary: set[str] = set()
+        self._replacements: dict[str, tuple[str, DisruptionAction]] = {}
+        self._since: dict[str, float] = {}
+        self._orphan_since: dict[str, float] = {}
+        self._batch_start: float | None = None
+        self._batch_last: float = -math.inf
+        self._seen_pending: set[str] = set()
+        self._force_plan = False
+        self._last_plan_at = -math.inf
+        self._last_signature: object = None
+        self._last_plan: ScaleUpPlan | None = None
+        self._static_blocked: set[str] = set()
+        self._last_disruption_at = -math.inf
+        self._disruption_skipped = False
+        self._disruption_signature: object = None
+        self._futile: dict[str, tuple[frozenset[str], float]] = {}
+        self._last_evaluation = -math.inf
+        self._reported: dict[str, str] = {}
+        self._delete_retry_at: dict[str, float] = {}
+
+    # ------------------------------------------------------------------------------------------------ public
+    def reconcile(self) -> ReconcileResult:
+        """One observe -> decide -> act round."""
+        now = self.clock.now()
+        result = ReconcileResult(at=now)
+        world = self._observe(now)
+        if world is None:
+            result.observe_failed = True
+            return result
+        self._sync_claims(world)
+        self._handle_provider_events(world)
+        self._check_deadlines(world)
+        self._progress_replacements(world)
+        self._retry_requested(world, result)
+        self._scale_up(world, result)
+        self._ensure_min_nodes(world, result)
+        self._consolidate(world, result)
+        self._drain_and_delete(world, result)
+        self._collect_orphans(world)
+        return result
+
+    def prelaunch(self, plan: ScaleUpPlan) -> ReconcileResult:
+        """Launch the nodes of a plan made elsewhere (e.g. capacity bought ahead for a known peak).
+
+        Request ids derive from the plan as in a normal scale-up, so calling this twice launches nothing new.
+        """
+        now = self.clock.now()
+        result = ReconcileResult(at=now)
+        world = self._observe(now)
+        if world is None:
+            result.observe_failed = True
+            return result
+        self._sync_claims(world)
+        self._execute_plan(plan, world, result)
+        return result
+
+    def next_wakeup(self) -> float | None:
+        """The next future time at which a reconcile has timed work to do, or None.
+
+        Batch windows closing, claim deadlines, launch/delete retries, orphan grace periods, consolidateAfter
+        expiring, a skipped disruption pass, and (while pods are pending) offering/back-off/fallback expiries.
+        Anything else only changes when the cluster or cloud changes, which a driver observes by itself.
+        """
+        now = self.clock.now()
+        times: list[float] = []
+        if self._batch_start is not None:
+            times.append(min(self._batch_last + self.config.batch_idle_s, self._batch_start + self.config.batch_max_s))
+        for c in self.claims.values():
+            t = deadline(c)
+            if t is not None:
+                times.append(t + 1e-6)
+            if c.phase is ClaimPhase.LAUNCHED:
+                times.append(c.since + self.config.lost_grace_s)
+        times += self._retry_at.values()
+        times += self._delete_retry_at.values()
+        times += [t + self.config.orphan_grace_s for t in self._orphan_since.values()]
+        if self._seen_pending:
+            times += [b.until for b in self._pool_backoff.values()]
+            times += self.unavailable.values()
+            times += self._spot_fallback_until.values()
+        for name, t in self._since.items():
+            pool = self._pool_of_node(name)
+            if pool is not None:
+                times.append(t + pool.disruption.consolidate_after_s)
+        if self._disruption_skipped:
+            times.append(self._last_disruption_at + self.config.disruption_interval_s)
+        future = [t for t in times if now < t < math.inf]
+        return min(future) if future else None
+
+    # --------------------------------------------------------------------------------------------- observing
+    def _observe(self, now: float) -> _World | None:
+        try:
+            pods = [p for p in self.backend.list_pods() if p.phase in _LIVE_PHASES]
+            nodes = {n.name: self._normalise(n) for n in self.backend.list_nodes()}
+            cloud = [c for c in self.provider.list_nodes() if c.state is not CloudNodeState.GONE]
+            events = list(self.provider.poll_errors())
+            pdbs = list(self.backend.list_pdbs())
+            utilization = dict(self.backend.gpu_utilization())
+        except ProviderError as exc:
+            self._record(now, EventKind.OBSERVE_FAILED, "provider/" + self.provider.name, type(exc).__name__, str(exc))
+            return None
+        return _World(now, pods, nodes, cloud, events, pdbs, utilization)
+
+    @staticmethod
+    def _normalise(node: Node) -> Node:
+        if node.pool is None and L.POOL in node.labels:
+            return replace(node, pool=node.labels[L.POOL])
+        return node
+
+    # --------------------------------------------------------------------------------------------- claims
+    def _backend_node(self, claim: NodeClaim, w: _World) -> Node | None:
+        if claim.node_name and claim.node_name in w.nodes:
+            return w.nodes[claim.node_name]
+        for n in w.nodes.values():
+            if n.labels.get(REQUEST_ID_LABEL) == claim.request_id:
+                return n
+        return None
+
+    def _sync_claims(self, w: _World) -> None:
+        now = w.now
+        seen: set[str] = set()
+        for cn in w.cloud:
+            key = cn.request_id or cn.node_id
+            existing = self.claims.get(key)
+            if existing is not None and existing.node_id and existing.node_id != cn.node_id:
+                key = f"{key}#{cn.node_id}"
+                existing = self.claims.get(key)
+            if existing is None:
+                claim = self._adopt(key, cn, w)
+            else:
+                claim = existing
+                if claim.phase is ClaimPhase.REQUESTED:
+                    claim = transition(claim, ClaimEvent.LAUNCHED, now, node_id=cn.node_id, node_name=cn.node_name)
+                    self._retry_at.pop(key, None)
+                if not claim.node_id or (cn.node_name and claim.node_name != cn.node_name):
+                    claim = replace(claim, node_id=cn.node_id, node_name=cn.node_name or claim.node_name)
+            seen.add(key)
+            self.claims[key] = self._advance(claim, w)
+        for key, claim in list(self.claims.items()):
+            if key in seen or claim.phase is ClaimPhase.REQUESTED:
+                continue
+            if claim.phase is ClaimPhase.LAUNCHED and now - claim.since < self.config.lost_grace_s:
+                continue
+            if claim.phase is ClaimPhase.DELETING:
+                self._finish(key, transition(claim, ClaimEvent.DELETED, now, reason="provider no longer lists it"))
+                self._record(now, EventKind.GONE, f"node/{claim.node_name or key}", "Deleted", "node is gone")
+            elif claim.phase is not ClaimPhase.FAILED:
+                self._finish(key, transition(claim, ClaimEvent.LOST, now, reason="provider no longer lists it"))
+                self._record(
+                    now,
+                    EventKind.LOST,
+                    f"node/{claim.node_name or key}",
+                    "NodeLost",
+                    f"node of claim {key} ({claim.phase}) vanished without gpuscale deleting it",
+                    request_id=key,
+                )
+                self._force_plan = True
+
+    def _finish(self, key: str, claim: NodeClaim) -> None:
+        """Drop a claim that reached Gone; its request id is never reused."""
+        del self.claims[key]
+        self._burnt.add(key)
+        self._retry_at.pop(key, None)
+        self._attempts.pop(key, None)
+        self._involuntary.discard(key)
+        self._delete_retry_at.pop(key, None)
+        if claim.node_name:
+            self._since.pop(claim.node_name, None)
+
+    def _adopt(self, key: str, cn: CloudNode, w: _World) -> NodeClaim:
+        now = w.now
+        pool = self.pools.get(cn.pool)
+        it = self._types.get(cn.instance_type)
+        expected = template_allocatable(pool, it) if pool is not None and it is not None else Resources()
+        price = self._price(cn.instance_type, cn.zone, cn.capacity_type)
+        node = w.nodes.get(cn.node_name) if cn.node_name else None
+        if cn.state is CloudNodeState.DELETING:
+            phase = ClaimPhase.DELETING
+        elif node is not None and node.unschedulable:
+            phase = ClaimPhase.DRAINING
+        elif node is not None:
+            phase = ClaimPhase.REGISTERED
+        else:
+            phase = ClaimPhase.LAUNCHED
+        since = cn.created_at if phase is ClaimPhase.LAUNCHED and cn.created_at > 0 else now
+        claim = replace(
+            new_claim(
+                key,
+                cn.pool,
+                cn.instance_type,
+                cn.zone,
+                cn.capacity_type,
+                cn.created_at or now,
+                expected=expected,
+                hourly_price=price,
+                reason="Adopted",
+                deadlines=self.config.deadlines_for(cn.pool),
+            ),
+            phase=phase,
+            since=since,
+            node_id=cn.node_id,
+            node_name=cn.node_name,
+        )
+        self._record(
+            now,
+            EventKind.ADOPTED,
+            f"node/{cn.node_name or cn.node_id}",
+            str(phase),
+            f"rebuilt claim {key} from the provider ({cn.state}) and the cluster: {phase}",
+            request_id=key,
+        )
+        return claim
+
+    def _advance(self, claim: NodeClaim, w: _World) -> NodeClaim:
+        node = self._backend_node(claim, w)
+        if node is None:
+            return claim
+        if not claim.node_name:
+            claim = replace(claim, node_name=node.name)
+        if claim.phase is ClaimPhase.LAUNCHED:
+            claim = transition(claim, ClaimEvent.REGISTERED, w.now, reason="Node object registered")
+            self._record(w.now, EventKind.REGISTERED, f"node/{node.name}", "Registered", "node joined the cluster")
+        if claim.phase is ClaimPhase.REGISTERED and node.allocatable.gpus >= claim.expected.gpus:
+            claim = transition(claim, ClaimEvent.INITIALIZED, w.now, reason="GPUs allocatable")
+            self._record(
+                w.now,
+                EventKind.INITIALIZED,
+                f"node/{node.name}",
+                "Initialized",
+                f"{node.allocatable.gpus} GPU(s) allocatable" if claim.expected.gpus else "node ready (no GPUs)",
+            )
+        return claim
+
+    def _claim_by_node_id(self, node_id: str, request_id: str = "") -> tuple[str, NodeClaim] | None:
+        for key, c in self.claims.items():
+            if (node_id and c.node_id == node_id) or (request_id and key == request_id and not node_id):
+                return key, c
+        if request_id and request_id in self.claims:
+            return request_id, self.claims[request_id]
+        return None
+
+    def _claim_by_node_name(self, name: str) -> tuple[str, NodeClaim] | None:
+        for key, c in self.claims.items():
+            if c.node_name == name:
+                return key, c
+        return None
+
+    # --------------------------------------------------------------------------------------- provider events
+    def _handle_provider_events(self, w: _World) -> None:
+        now = w.now
+        for ev in w.events:
+            found = self._claim_by_node_id(ev.node_id, ev.request_id)
+            if ev.kind is ProviderEventKind.SPOT_INTERRUPTION:
+                if found is None:
+                    continue
+                key, c = found
+                self._mark_unavailable(
+                    OfferingKey(c.instance_type, c.zone, CapacityType.SPOT),
+                    now + self.config.unavailable_ttl_s,
+                    now,
+                    "spot interruption notice",
+                )
+                if c.phase in (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED, ClaimPhase.INITIALIZED):
+                    self._start_drain(key, c, w, "SpotInterruption", involuntary=True)
+                    self._force_plan = True
+                left = f"; reclaimed in {ev.deadline - now:.0f}s" if ev.deadline is not None else ""
+                self._record(
+                    now,
+                    EventKind.SPOT_INTERRUPTION,
+                    f"node/{c.node_name or key}",
+                    "SpotInterruption",
+                    f"interruption notice: cordon, launch replacement, drain{left}",
+                    request_id=key,
+                )
+            elif ev.kind is ProviderEventKind.LAUNCH_FAILED:
+                if found is None:
+                    continue
+                key, c = found
+                if c.phase in (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED):
+                    self.claims[key] = transition(
+                        c, ClaimEvent.LAUNCH_FAILED, now, reason=ev.message or "launch failed"
+                    )
+                    self._mark_unavailable(
+                        OfferingKey(c.instance_type, c.zone, c.capacity_type),
+                        now + self.config.unavailable_ttl_s,
+                        now,
+                        "asynchronous launch failure",
+                    )
+                    self._force_plan = True
+                    self._record(now, EventKind.LAUNCH_FAILED, f"nodeclaim/{key}", "LaunchFailed", ev.message)
+            elif ev.kind is ProviderEventKind.NODE_FAILED and found is not None:
+                key, c = found
+                if c.phase in (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED, ClaimPhase.INITIALIZED):
+                    self._start_drain(key, c, w, "NodeFailed", involuntary=True)
+                    self._force_plan = True
+                    self._record(now, EventKind.NODE_FAILED, f"node/{c.node_name or key}", "NodeFailed", ev.message)
+
+    def _start_drain(self, key: str, c: NodeClaim, w: _World, reason: str, *, involuntary: bool) -> None:
+        self.claims[key] = transition(c, ClaimEvent.DISRUPT, w.now, reason=reason)
+        if involuntary:
+            self._involuntary.add(key)
+        node = self._backend_node(c, w)
+        if node is not None and not node.unschedulable:
+            self.backend.cordon(node.name)
+            w.nodes[node.name] = replace(node, unschedulable=True)
+        self._since.pop(c.node_name, None)
+
+    def _mark_unavailable(self, key: OfferingKey, until: float, now: float, why: str) -> None:
+        if self.unavailable.get(key, -math.inf) >= until:
+            return
+        self.unavailable[key] = until
+        self._record(
+            now,
+            EventKind.OFFERING_UNAVAILABLE,
+            f"offering/{key.instance_type}/{key.zone}/{key.capacity_type}",
+            "Unavailable",
+            f"{why}: not used for {until - now:.0f}s",
+        )
+
+    # ------------------------------------------------------------------------------------------- deadlines
+    def _check_deadlines(self, w: _World) -> None:
+        now = w.now
+        for key, c in list(self.claims.items()):
+            if not expired(c, now):
+                continue
+            ev = timeout_event(c)
+            assert ev is not None
+            self.claims[key] = transition(c, ev, now, reason=f"{ev} after {now - c.since:.0f}s")
+            self._force_plan = True
+            msg = f"{c.phase} for {now - c.since:.0f}s ({ev}); deleting and re-planning"
+            if ev is ClaimEvent.GPU_INIT_TIMEOUT:
+                for ct in CapacityType:
+                    self._mark_unavailable(
+                        OfferingKey(c.instance_type, c.zone, ct),
+                        now + self.config.gpu_init_unavailable_ttl_s,
+                        now,
+                        f"GPUs of {c.node_name or key} never became allocatable",
+                    )
+            self._record(now, EventKind.TIMEOUT, f"node/{c.node_name or key}", str(ev), msg, request_id=key)
+
+    # -------------------------------------------------------------------------------------------- replacing
+    def _progress_replacements(self, w: _World) -> None:
+        for old_name, (rid, action) in list(self._replacements.items()):
+            found = self._claim_by_node_name(old_name)
+            new = self.claims.get(rid)
+            if found is None or found[1].phase is not ClaimPhase.INITIALIZED:
+                del self._replacements[old_name]
+                continue
+            if new is None or new.phase in (ClaimPhase.FAILED, ClaimPhase.GONE, ClaimPhase.DRAINING):
+                del self._replacements[old_name]
+                self._record(
+                    w.now,
+                    EventKind.REPLACE_ABORTED,
+                    f"node/{old_name}",
+                    "ReplacementFailed",
+                    f"replacement {rid} did not come up; node kept",
+                )
+                continue
+            if new.phase is ClaimPhase.INITIALIZED:
+                del self._replacements[old_name]
+                key, c = found
+                self._start_drain(key, c, w, str(action.reason), involuntary=False)
+                self._record(
+                    w.now,
+                    EventKind.DRAIN,
+                    f"node/{old_name}",
+                    str(action.reason),
+                    f"replacement {new.node_name} is ready; draining",
+                )
+
+    # ----------------------------------------------------------------------------------------------- scale up
+    def _retry_requested(self, w: _World, result: ReconcileResult) -> None:
+        for key, c in list(self.claims.items()):
+            if c.phase is ClaimPhase.REQUESTED and self._retry_at.get(key, -math.inf) <= w.now:
+                if self._backed_off(c.pool, w.now):
+                    continue
+                outcome = self._call_launch(key, w)
+                if outcome is _Outcome.OK:
+                    result.launched += 1
+                elif outcome is not _Outcome.RETRY:
+                    self._force_plan = True
+
+    def _pending(self, w: _World) -> tuple[list[Pod], list[Pod]]:
+        """(real pending pods, pods of draining nodes shown to the planner as pending)."""
+        real = [p for p in w.pods if p.pending and not p.is_daemonset]
+        leaving = {
+            c.node_name
+            for c in self.claims.values()
+            if c.node_name and c.phase in (ClaimPhase.DRAINING, ClaimPhase.DELETING, ClaimPhase.FAILED)
+        }
+        virtual = [
+            replace(p, node_name=None, phase="Pending")
+            for p in w.pods
+            if p.node_name in leaving and not p.is_daemonset and not p.pending
+        ]
+        return real, virtual
+
+    def _update_batch(self, real: Sequence[Pod], now: float) -> bool:
+        """Track the batch window; True if it is closed (planning may run)."""
+        keys = {p.key for p in real}
+        if keys - self._seen_pending:
+            if self._batch_start is None:
+                self._batch_start = now
+            self._batch_last = now
+        self._seen_pending = keys
+        if self._batch_start is None:
+            return True
+        c = self.config
+        return now - self._batch_last >= c.batch_idle_s or now - self._batch_start >= c.batch_max_s
+
+    def _scale_up(self, w: _World, result: ReconcileResult) -> None:
+        now = w.now
+        real, virtual = self._pending(w)
+        closed = self._update_batch(real, now)
+        if not real and not virtual:
+            self._batch_start = None
+            self._last_plan = None
+            self._prune_reports(set())
+            return
+        if not closed and not self._force_plan:
+            return
+        if not virtual and not self._force_plan and {p.key for p in real} <= self._static_blocked:
+            return  # only pods no cluster change can help (too large, no matching pool): nothing to re-plan
+        signature = self._signature(real, virtual, w)
+        if (
+            not self._force_plan
+            and signature == self._last_signature
+            and now - self._last_plan_at < self.config.replan_interval_s
+        ):
+            return
+        self._force_plan = False
+        self._batch_start = None
+        result.planned = True
+        plan: ScaleUpPlan | None = None
+        for _ in range(max(1, self.config.max_replans)):
+            snapshot = self._snapshot(w, real, virtual)
+            plan = self._plan_fn(snapshot, self.config.planner, now)
+            if not self._execute_plan(plan, w, result):
+                break
+        assert plan is not None
+        self._last_plan = plan
+        self._last_plan_at = now
+        self._last_signature = self._signature(real, virtual, w)
+        pending_keys = {p.key for p in real} | {p.key for p in virtual}
+        self._static_blocked = {b.pod for b in plan.blocked if b.reason in _STATIC_BLOCKS}
+        for b in plan.blocked:
+            self._report(f"pod/{b.pod}", str(b.reason), EventKind.BLOCKED, now, b.message)
+        self._prune_reports(pending_keys)
+
+    def _signature(self, real: Sequence[Pod], virtual: Sequence[Pod], w: _World) -> object:
+        now = w.now
+        return (
+            frozenset(p.key for p in real),
+            frozenset(p.key for p in virtual),
+            frozenset((k, c.phase) for k, c in self.claims.items()),
+            frozenset(k for k, t in self.unavailable.items() if t > now),
+            frozenset(w.nodes),
+            frozenset(p for p in self._pool_backoff if self._backed_off(p, now)),
+            frozenset(p for p, t in self._spot_fallback_until.items() if t > now),
+        )
+
+    def _effective_pools(self, nodes: Sequence[Node], now: float) -> list[NodePool]:
+        counts: dict[str, int] = {}
+        for n in nodes:
+            if n.pool is not None:
+                counts[n.pool] = counts.get(n.pool, 0) + 1
+        out: list[NodePool] = []
+        for p in self.pools.values():
+            q = p
+            if self._spot_fallback(p, now) and CapacityType.ON_DEMAND not in p.capacity_types:
+                q = replace(q, capacity_types=(*p.capacity_types, CapacityType.ON_DEMAND))
+            if self._backed_off(p.name, now):
+                q = replace(q, max_nodes=counts.get(p.name, 0))
+            out.append(q)
+        return out
+
+    def _spot_fallback(self, pool: NodePool, now: float) -> bool:
+        return (
+            pool.allow_spot_fallback
+            and CapacityType.SPOT in pool.capacity_types
+            and self._spot_fallback_until.get(pool.name, -math.inf) > now
+        )
+
+    def _snapshot(self, w: _World, real: Sequence[Pod], virtual: Sequence[Pod]) -> Snapshot:
+        by_name = {c.node_name: c for c in self.claims.values() if c.node_name}
+        nodes: list[Node] = []
+        for n in w.nodes.values():
+            c = by_name.get(n.name)
+            if c is not None and c.phase in (ClaimPhase.DRAINING, ClaimPhase.DELETING, ClaimPhase.FAILED):
+                nodes.append(replace(n, unschedulable=True, pool=n.pool or c.pool))
+            elif c is not None and c.phase is ClaimPhase.REGISTERED:
+                alloc = c.expected if c.expected.gpus > n.allocatable.gpus else n.allocatable
+                nodes.append(replace(n, allocatable=alloc, launching=True, pool=n.pool or c.pool))
+            elif c is not None and n.pool is None:
+                nodes.append(replace(n, pool=c.pool))
+            else:
+                nodes.append(n)
+        for key, c in sorted(self.claims.items()):
+            if c.node_name in w.nodes:
+                continue
+            if c.phase in (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED):
+                nodes.append(self._launching_node(key, c))
+            elif c.phase in (ClaimPhase.DRAINING, ClaimPhase.DELETING) or (c.phase is ClaimPhase.FAILED and c.node_id):
+                # still billed and counted against maxNodes/limits, but takes no pods
+                nodes.append(replace(self._launching_node(key, c), launching=False, unschedulable=True))
+        virtual_keys = {p.key for p in virtual}
+        pods = [p for p in w.pods if p.key not in virtual_keys] + list(virtual)
+        return Snapshot(
+            pods=tuple(pods),
+            nodes=tuple(nodes),
+            pools=tuple(self._effective_pools(nodes, w.now)),
+            catalog=self.catalog,
+            unavailable={k: t for k, t in self.unavailable.items() if t > w.now},
+        )
+
+    def _launching_node(self, key: str, c: NodeClaim) -> Node:
+        labels, taints = self._template(c)
+        return Node(
+            name=c.node_name or f"nodeclaim-{key}",
+            allocatable=c.expected,
+            labels=labels,
+            taints=taints,
+            pool=c.pool,
+            launching=True,
+            hourly_cost=c.hourly_price,
+        )
+
+    def _offering(self, instance_type: str, zone: str, ct: CapacityType) -> Offering | None:
+        it = self._types.get(instance_type)
+        if it is None:
+            return None
+        return next((o for o in it.offerings if o.zone == zone and o.capacity_type is ct), None)
+
+    def _price(self, instance_type: str, zone: str, ct: CapacityType) -> float:
+        off = self._offering(instance_type, zone, ct)
+        return off.hourly_price if off is not None else 0.0
+
+    def _template(self, c: NodeClaim) -> tuple[dict[str, str], tuple[Taint, ...]]:
+        pool = self.pools.get(c.pool)
+        it = self._types.get(c.instance_type)
+        if pool is None or it is None:
+            return {L.POOL: c.pool, L.INSTANCE_TYPE: c.instance_type, L.ZONE: c.zone}, ()
+        off = self._offering(c.instance_type, c.zone, c.capacity_type) or Offering(
+            c.zone, c.capacity_type, c.hourly_price
+        )
+        return template_labels(pool, it, off), pool.taints
+
+    def _execute_plan(self, plan: ScaleUpPlan, w: _World, result: ReconcileResult) -> bool:
+        """Launch the plan's nodes; True if a capacity or quota error calls for a re-plan."""
+        per_node: dict[str, list[str]] = {}
+        for pod, target in plan.placements.items():
+            per_node.setdefault(target, []).append(pod)
+        replan = False
+        for launch in plan.launches:
+            for i in range(launch.count):
+                pods = tuple(sorted(per_node.get(f"{launch.id}/{i}", ())))
+                seed = ("up", launch.pool, launch.instance_type, launch.zone, str(launch.capacity_type), *pods)
+                if not pods:
+                    seed = (*seed, str(i))
+                outcome = self._launch_new(
+                    seed,
+                    launch.pool,
+                    launch.instance_type,
+                    launch.zone,
+                    launch.capacity_type,
+                    w,
+                    pods=pods,
+                    reason="ScaleUp",
+                )
+                if outcome is _Outcome.OK:
+                    result.launched += 1
+                if outcome in (_Outcome.CAPACITY, _Outcome.QUOTA):
+                    replan = True
+                    break
+                if outcome in (_Outcome.FAILED, _Outcome.GUARD):
+                    break
+        return replan
+
+    # ------------------------------------------------------------------------------------------------ launching
+    def _request_id(self, seed: Iterable[str]) -> str:
+        digest = hashlib.sha256("\x1f".join(seed).encode()).hexdigest()[:16]
+        base = f"{self.config.request_id_prefix}-{digest}"
+        rid, n = base, 0
+        while rid in self.claims or rid in self._burnt:
+            n += 1
+            rid = f"{base}-{n}"
+        return rid
+
+    def _pool_usage(self, pool: str, w: _World) -> tuple[int, Resources]:
+        """Nodes of ``pool`` (claimed or not, launching or not) and their raw capacity."""
+        count, used = 0, Resources(pods=0)
+        claimed: set[str] = set()
+        for c in self.claims.values():
+            if c.node_name:
+                claimed.add(c.node_name)
+            if c.pool != pool or c.phase is ClaimPhase.GONE:
+                continue
+            if c.phase is ClaimPhase.FAILED and not c.node_id:
+                continue
+            count += 1
+            it = self._types.get(c.instance_type)
+            if it is not None:
+                used = used + replace(it.capacity, pods=0)
+        for n in w.nodes.values():
+            if n.pool == pool and n.name not in claimed and REQUEST_ID_LABEL not in n.labels:
+                count += 1
+                used = used + replace(n.allocatable, pods=0)
+        return count, used
+
+    def _within_limits(self, pool: NodePool, it: InstanceType, w: _World) -> str | None:
+        count, used = self._pool_usage(pool.name, w)
+        if pool.max_nodes is not None and count + 1 > pool.max_nodes:
+            return f"pool {pool.name} has {count} of maxNodes={pool.max_nodes} nodes"
+        if not pool.limits.allows(used + replace(it.capacity, pods=0)):
+            return f"a {it.name} would exceed the limits of pool {pool.name}"
+        return None
+
+    def _launch_new(
+        self,
+        seed: Sequence[str],
+        pool_name: str,
+        instance_type: str,
+        zone: str,
+        ct: CapacityType,
+        w: _World,
+        *,
+        pods: tuple[str, ...] = (),
+        replaces: str = "",
+        reason: str,
+    ) -> _Outcome:
+        now = w.now
+        pool = self.pools.get(pool_name)
+        it = self._types.get(instance_type)
+        if pool is None or it is None:
+            self._record(now, EventKind.LAUNCH_FAILED, f"pool/{pool_name}", "Unknown", f"no {instance_type} here")
+            return _Outcome.FAILED
+        why = self._within_limits(pool, it, w)
+        if why is not None:
+            self._report(
+                f"pool/{pool_name}", "PoolLimit", EventKind.BLOCKED, now, f"launch of {it.name} skipped: {why}"
+            )
+            return _Outcome.GUARD
+        for _ in range(3):
+            outcome = self._launch_with_id(self._request_id(seed), pool, it, zone, ct, w, pods, replaces, reason)
+            if outcome is not _Outcome.BURNT:
+                return outcome
+        return _Outcome.FAILED
+
+    def _launch_with_id(
+        self,
+        rid: str,
+        pool: NodePool,
+        it: InstanceType,
+        zone: str,
+        ct: CapacityType,
+        w: _World,
+        pods: tuple[str, ...],
+        replaces: str,
+        reason: str,
+    ) -> _Outcome:
+        now = w.now
+        pool_name, instance_type = pool.name, it.name
+        claim = new_claim(
+            rid,
+            pool_name,
+            instance_type,
+            zone,
+            ct,
+            now,
+            expected=template_allocatable(pool, it),
+            hourly_price=self._price(instance_type, zone, ct),
+            pods=pods,
+            replaces=replaces,
+            reason=reason,
+            deadlines=self.config.deadlines_for(pool_name),
+        )
+        self.claims[rid] = claim
+        if self._backed_off(pool_name, now):
+            self._retry_at[rid] = self._pool_backoff[pool_name].until
+            return _Outcome.RETRY
+        return self._call_launch(rid, w)
+
+    def _launch_request(self, c: NodeClaim) -> LaunchRequest:
+        labels, taints = self._template(c)
+        labels[REQUEST_ID_LABEL] = c.request_id
+        pool = self.pools.get(c.pool)
+        if c.capacity_type is CapacityType.ON_DEMAND and pool is not None and self._spot_fallback(pool, c.created_at):
+            labels[SPOT_FALLBACK_LABEL] = "true"
+        return LaunchRequest(
+            request_id=c.request_id,
+            pool=c.pool,
+            instance_type=c.instance_type,
+            zone=c.zone,
+            capacity_type=c.capacity_type,
+            count=1,
+            labels=labels,
+            taints=taints,
+        )
+
+    def _call_launch(self, key: str, w: _World) -> _Outcome:
+        """Ask the provider for the node of claim ``key`` (phase Requested) and record the outcome."""
+        now = w.now
+        c = self.claims[key]
+        obj = f"nodeclaim/{key}"
+        offering = OfferingKey(c.instance_type, c.zone, c.capacity_type)
+        try:
+            nodes = list(self.provider.launch(self._launch_request(c)))
+        except CapacityError as exc:
+            self._fail_request(key, str(exc), now)
+            self._mark_unavailable(offering, now + self.config.unavailable_ttl_s, now, "insufficient capacity")
+            pool = self.pools.get(c.pool)
+            if (
+                c.capacity_type is CapacityType.SPOT
+                and pool is not None
+                and pool.allow_spot_fallback
+                and CapacityType.SPOT in pool.capacity_types
+            ):
+                if not self._spot_fallback(pool, now):
+                    self._record(
+                        now,
+                        EventKind.SPOT_FALLBACK,
+                        f"pool/{c.pool}",
+                        "SpotUnavailable",
+                        "spot capacity unavailable: on-demand allowed until spot returns",
+                    )
+                self._spot_fallback_until[c.pool] = now + self.config.unavailable_ttl_s
+            return _Outcome.CAPACITY
+        except QuotaExceeded as exc:
+            self._fail_request(key, str(exc), now)
+            self._back_off(c.pool, now, self.config.quota_backoff_s, str(exc))
+            return _Outcome.QUOTA
+        except RateLimited as exc:
+            self._back_off(c.pool, now, exc.retry_after, str(exc), exponential=False)
+            self._retry_at[key] = now + exc.retry_after
+            self._record(now, EventKind.LAUNCH_RETRY, obj, "RateLimited", str(exc))
+            return _Outcome.RETRY
+        except InvalidProviderRequest as exc:
+            if exc.field == "request_id":
+                return self._burnt_id(key, str(exc), now)
+            self._fail_request(key, str(exc), now)
+            self._back_off(c.pool, now, self.config.max_backoff_s, str(exc))
+            return _Outcome.FAILED
+        except NotFound as exc:
+            self._fail_request(key, str(exc), now)
+            return _Outcome.FAILED
+        except ProviderError as exc:
+            if exc.retry.kind == "never":
+                self._fail_request(key, str(exc), now)
+                self._back_off(c.pool, now, self.config.max_backoff_s, str(exc))
+                return _Outcome.FAILED
+            n = self._attempts.get(key, 0) + 1
+            self._attempts[key] = n
+            delay = min(self.config.max_backoff_s, self.config.retry_base_s * 2 ** (n - 1))
+            self._retry_at[key] = now + delay
+            self._record(now, EventKind.LAUNCH_RETRY, obj, type(exc).__name__, f"{exc}; retry in {delay:.0f}s")
+            return _Outcome.RETRY
+        live = [n for n in nodes if n.state not in (CloudNodeState.DELETING, CloudNodeState.GONE)]
+        if not live:
+            return self._burnt_id(key, "request id already used by a node that is gone", now)
+        cn = live[0]
+        self._retry_at.pop(key, None)
+        self._attempts.pop(key, None)
+        self.claims[key] = transition(c, ClaimEvent.LAUNCHED, now, node_id=cn.node_id, node_name=cn.node_name)
+        self._pool_backoff.pop(c.pool, None)
+        what = f"{c.instance_type} {c.capacity_type} in {c.zone} (${c.hourly_price:.4g}/h)"
+        why = f" for {len(c.pods)} pod(s)" if c.pods else ""
+        if c.replaces:
+            why += f" to replace {c.replaces}"
+        self._record(
+            now,
+            EventKind.SCALE_UP,
+            f"node/{cn.node_name or cn.node_id}",
+            c.reason or "ScaleUp",
+            f"launched {what}{why}",
+            request_id=key,
+            pool=c.pool,
+            instanceType=c.instance_type,
+            zone=c.zone,
+            capacityType=str(c.capacity_type),
+            pods=list(c.pods),
+        )
+        return _Outcome.OK
+
+    def _burnt_id(self, key: str, why: str, now: float) -> _Outcome:
+        """The request id belongs to an earlier node: drop the claim quietly; the caller retries with a new id."""
+        self.claims.pop(key)
+        self._burnt.add(key)
+        self._retry_at.pop(key, None)
+        self._attempts.pop(key, None)
+        self._record(now, EventKind.LAUNCH_RETRY, f"nodeclaim/{key}", "RequestIdUsed", f"{why}; using a new id")
+        return _Outcome.BURNT
+
+    def _fail_request(self, key: str, why: str, now: float) -> None:
+        c = self.claims[key]
+        self.claims[key] = transition(c, ClaimEvent.LAUNCH_FAILED, now, reason=why)
+        self._record(now, EventKind.LAUNCH_FAILED, f"nodeclaim/{key}", "LaunchFailed", why, request_id=key)
+
+    def _back_off(self, pool: str, now: float, base: float, why: str, *, exponential: bool = True) -> None:
+        prev = self._pool_backoff.get(pool)
+        failures = (prev.failures + 1) if prev is not None else 1
+        delay = min(self.config.max_backoff_s, base * (2 ** (failures - 1) if exponential else 1))
+        self._pool_backoff[pool] = _Backoff(now + delay, failures)
+        self._record(now, EventKind.BACKOFF, f"pool/{pool}", "Backoff", f"{why}; no launches for {delay:.0f}s")
+
+    def _backed_off(self, pool: str, now: float) -> bool:
+        b = self._pool_backoff.get(pool)
+        return b is not None and b.until > now
+
+    def _ensure_min_nodes(self, w: _World, result: ReconcileResult) -> None:
+        now = w.now
+        for pool in self.pools.values():
+            if pool.min_nodes <= 0 or self._backed_off(pool.name, now):
+                continue
+            have = self._alive_in_pool(pool.name, w)
+            for k in range(have, pool.min_nodes):
+                eff = next(p for p in self._effective_pools([], now) if p.name == pool.name)
+                offers = pool_offerings(eff, self.catalog, now, self.unavailable)
+                if not offers:
+                    self._report(f"pool/{pool.name}", "MinNodes", EventKind.BLOCKED, now, "no offering for minNodes")
+                    break
+                po = offers[0]
+                seed = (
+                    "min",
+                    pool.name,
+                    po.instance_type.name,
+                    po.offering.zone,
+                    str(po.offering.capacity_type),
+                    str(k),
+                )
+                outcome = self._launch_new(
+                    seed,
+                    pool.name,
+                    po.instance_type.name,
+                    po.offering.zone,
+                    po.offering.capacity_type,
+                    w,
+                    reason="MinNodes",
+                )
+                if outcome is _Outcome.OK:
+                    result.launched += 1
+                elif outcome is not _Outcome.RETRY:
+                    break
+
+    def _alive_in_pool(self, pool: str, w: _World) -> int:
+        claimed = {c.node_name for c in self.claims.values() if c.node_name}
+        n = sum(1 for c in self.claims.values() if c.pool == pool and c.alive)
+        n += sum(
+            1
+            for node in w.nodes.values()
+            if node.pool == pool and node.name not in claimed and REQUEST_ID_LABEL not in node.labels
+        )
+        return n
+
+    # ------------------------------------------------------------------------------------------------ scale down
+    def _consolidate(self, w: _World, result: ReconcileResult) -> None:
+        now = w.now
+        if not self.config.consolidation:
+            return
+        if now - self._last_disruption_at < self.config.disruption_interval_s:
+            self._disruption_skipped = True
+            return
+        self._disruption_skipped = False
+        self._last_disruption_at = now
+        candidates = {
+            c.node_name
+            for c in self.claims.values()
+            if c.phase is ClaimPhase.INITIALIZED and c.node_name and c.node_name not in self._replacements
+        }
+        # A candidate kept because its pods fit nowhere is not simulated again for a while unless its pods change.
+        on_node: dict[str, set[str]] = {}
+        for p in w.pods:
+            if p.node_name is not None:
+                on_node.setdefault(p.node_name, set()).add(p.key)
+        self._futile = {
+            n: (pods, until)
+            for n, (pods, until) in self._futile.items()
+            if until > now and n in candidates and pods == frozenset(on_node.get(n, ()))
+        }
+        resting = set(self._futile)
+        candidates -= resting
+        disrupting = {
+            c.node_name
+            for c in self.claims.values()
+            if c.node_name and c.phase in (ClaimPhase.DRAINING, ClaimPhase.DELETING, ClaimPhase.FAILED)
+        } | set(self._replacements)
+        # Pending pods already planned onto existing nodes hold their room there, and protect those nodes.
+        pods = list(w.pods)
+        protected: set[str] = set()
+        if self._last_plan is not None:
+            planned = {k: v for k, v in self._last_plan.placements.items() if v in w.nodes}
+            protected = set(planned.values())
+            pods = [replace(p, node_name=planned[p.key]) if p.pending and p.key in planned else p for p in pods]
+        nodes = list(w.nodes.values())
+        for key, c in self.claims.items():
+            if c.phase in (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED) and c.node_name not in w.nodes:
+                nodes.append(self._launching_node(key, c))
+        unavailable = {k: t for k, t in self.unavailable.items() if t > now}
+        measured = any(p.disruption.use_measured_gpu_utilization for p in self.pools.values())
+        signature = (
+            frozenset((n.name, n.unschedulable, n.allocatable, n.launching) for n in nodes),
+            frozenset((p.key, p.node_name) for p in pods if p.node_name is not None),
+            frozenset(candidates),
+            frozenset(disrupting),
+            frozenset(protected),
+            frozenset(unavailable),
+            frozenset((k, round(v, 1)) for k, v in w.utilization.items()) if measured else None,
+        )
+        timer_due = any(self._last_evaluation < t + self._after(name) <= now for name, t in self._since.items())
+        if (
+            signature == self._disruption_signature
+            and not timer_due
+            and now - self._last_evaluation < self.config.consolidation_refresh_s
+        ):
+            return  # nothing changed that could change a decision
+        self._disruption_signature = signature
+        self._last_evaluation = now
+        dp = plan_disruption(
+            nodes,
+            pods,
+            list(self.pools.values()),
+            self.catalog,
+            now,
+            since=self._since,
+            candidates=candidates,
+            disrupting=disrupting,
+            protected=protected,
+            pdbs=w.pdbs,
+            utilization=w.utilization,
+            unavailable=unavailable,
+            allow_replace=self.config.replace_nodes,
+        )
+        self._since = {**{n: t for n, t in self._since.items() if n in resting}, **dp.since}
+        for kept in dp.kept:
+            if kept.reason in (KeepReason.PODS_DO_NOT_FIT, KeepReason.NO_REPLACEMENT) and kept.node not in protected:
+                pods_now = frozenset(on_node.get(kept.node, ()))
+                self._futile[kept.node] = (pods_now, now + self.config.consolidation_retry_s)
+            if kept.reason is not KeepReason.WAITING:
+                self._report(f"node/{kept.node}", str(kept.reason), EventKind.DISRUPTION_BLOCKED, now, kept.message)
+        for action in dp.actions:
+            found = self._claim_by_node_name(action.node)
+            if found is None:
+                continue
+            key, c = found
+            data = {
+                "action": str(action.kind),
+                "pool": action.pool,
+                "savingsPerHour": round(action.savings_per_hour, 6),
+            }
+            if action.kind is ActionKind.DELETE:
+                self._start_drain(key, c, w, str(action.reason), involuntary=False)
+                result.disrupted += 1
+                self._record(
+                    now, EventKind.CONSOLIDATE, f"node/{action.node}", str(action.reason), action.message, **data
+                )
+                continue
+            r = action.replacement
+            assert r is not None
+            outcome = self._launch_new(
+                ("replace", action.node, r.pool, r.instance_type, r.zone, str(r.capacity_type)),
+                r.pool,
+                r.instance_type,
+                r.zone,
+                r.capacity_type,
+                w,
+                pods=r.pods,
+                replaces=action.node,
+                reason=f"Replace{action.reason}",
+            )
+            if outcome in (_Outcome.OK, _Outcome.RETRY):
+                rid = next(k for k, cl in self.claims.items() if cl.replaces == action.node and cl.alive)
+                self._replacements[action.node] = (rid, action)
+                result.disrupted += 1
+                if outcome is _Outcome.OK:
+                    result.launched += 1
+                self._record(
+                    now, EventKind.CONSOLIDATE, f"node/{action.node}", str(action.reason), action.message, **data
+                )
+
+    def _after(self, node_name: str) -> float:
+        pool = self._pool_of_node(node_name)
+        return pool.disruption.consolidate_after_s if pool is not None else 0.0
+
+    def _drain_and_delete(self, w: _World, result: ReconcileResult) -> None:
+        now = w.now
+        allow = pdb_allowances(w.pdbs, w.pods)
+        for key, c in list(self.claims.items()):
+            if c.phase is ClaimPhase.DRAINING:
+                node = self._backend_node(c, w)
+                left = [p for p in w.pods if node is not None and p.node_name == node.name and not p.is_daemonset]
+                if not left:
+                    self.claims[key] = transition(c, ClaimEvent.DRAINED, now, reason="no pods left")
+                    self._delete(key, w, result)
+                    continue
+                voluntary = key not in self._involuntary
+                for p in left:
+                    if voluntary and do_not_disrupt(p):
+                        self._report(
+                            f"pod/{p.key}", "DoNotDisrupt", EventKind.EVICT_BLOCKED, now, "annotated do-not-disrupt"
+                        )
+                        continue
+                    pdbs = [b for b in w.pdbs if b.matches(p)]
+                    keys = [f"{b.namespace}/{b.name}" for b in pdbs]
+                    if any(allow.get(k, 0) < 1 for k in keys):
+                        self._report(
+                            f"pod/{p.key}", "PodDisruptionBudget", EventKind.EVICT_BLOCKED, now, "PDB allows none now"
+                        )
+                        continue
+                    if self.backend.evict(p.key):
+                        for k in keys:
+                            allow[k] -= 1
+                        result.evicted += 1
+                        self._record(
+                            now, EventKind.EVICT, f"pod/{p.key}", c.reason, f"evicted from {node and node.name}"
+                        )
+            elif c.phase is ClaimPhase.FAILED:
+                if c.node_id:
+                    self.claims[key] = transition(c, ClaimEvent.DELETE, now, reason=c.reason)
+                    self._delete(key, w, result)
+                else:
+                    self._finish(key, transition(c, ClaimEvent.LOST, now, reason="no node was created"))
+            elif c.phase is ClaimPhase.DELETING and self._delete_retry_at.get(key, -math.inf) <= now:
+                self._delete(key, w, result)
+
+    def _delete(self, key: str, w: _World, result: ReconcileResult) -> None:
+        """Delete the claim's node at the provider, then its Node object (both idempotent)."""
+        now = w.now
+        c = self.claims[key]
+        cloud = next((cn for cn in w.cloud if cn.node_id == c.node_id), None)
+        if c.node_id and (cloud is None or cloud.state is not CloudNodeState.DELETING):
+            try:
+                self.provider.delete_node(c.node_id)
+            except NotFound:
+                pass
+            except ProviderError as exc:
+                n = self._attempts.get(key, 0) + 1
+                self._attempts[key] = n
+                delay = min(self.config.max_backoff_s, self.config.retry_base_s * 2 ** (n - 1))
+                self._delete_retry_at[key] = now + delay
+                self._record(now, EventKind.DELETE, f"node/{c.node_name or key}", "DeleteRetry", str(exc))
+                return
+            result.deleted += 1
+            self._record(
+                now,
+                EventKind.DELETE,
+                f"node/{c.node_name or key}",
+                c.reason or "Delete",
+                f"deleting {c.instance_type} {c.capacity_type} in {c.zone}",
+                request_id=key,
+            )
+        self._delete_retry_at[key] = now + self.config.retry_base_s * 8
+        node = self._backend_node(c, w)
+        if node is not None:
+            self.backend.delete_node(node.name)
+            del w.nodes[node.name]
+
+    def _collect_orphans(self, w: _World) -> None:
+        """Delete Node objects labelled with a request id the provider no longer lists (after a grace period)."""
+        now = w.now
+        claimed = {c.node_name for c in self.claims.values() if c.node_name}
+        rids = {cn.request_id for cn in w.cloud}
+        current: set[str] = set()
+        for n in list(w.nodes.values()):
+            rid = n.labels.get(REQUEST_ID_LABEL)
+            if rid is None or n.name in claimed or rid in rids or rid in self.claims:
+                continue
+            current.add(n.name)
+            first = self._orphan_since.setdefault(n.name, now)
+            if now - first >= self.config.orphan_grace_s:
+                self.backend.delete_node(n.name)
+                del w.nodes[n.name]
+                self._record(now, EventKind.ORPHAN, f"node/{n.name}", "Orphan", f"request {rid} has no cloud node")
+        self._orphan_since = {k: v for k, v in self._orphan_since.items() if k in current}
+
+    # --------------------------------------------------------------------------------------------- records
+    def _pool_of_node(self, name: str) -> NodePool | None:
+        found = self._claim_by_node_name(name)
+        return self.pools.get(found[1].pool) if found is not None else None
+
+    def _record(self, now: float, kind: EventKind, obj: str, reason: str, message: str, **data: object) -> None:
+        self.backend.record(Event(now, str(kind), obj, reason, message, data))
+
+    def _report(self, obj: str, reason: str, kind: EventKind, now: float, message: str) -> None:
+        """Record an event only when ``obj``'s reason changes (no repeats every round)."""
+        if self._reported.get(obj) == reason:
+            return
+        self._reported[obj] = reason
+        self._record(now, kind, obj, reason, message)
+
+    def _prune_reports(self, pending: set[str]) -> None:
+        self._reported = {
+            k: v for k, v in self._reported.items() if not k.startswith("pod/") or k[len("pod/") :] in pending
+        }
+
+
+def make_controller(
+    *,
+    backend: ClusterBackend,
+    provider: Provider,
+    pools: Sequence[NodePool],
+    catalog: Catalog,
+    clock: Clock,
+    config: ControllerConfig | Mapping[str, Any] | None = None,
+    planner: PlanFn | None = None,
+) -> Controller:
+    """A :class:`Controller`; ``config`` may be a :class:`ControllerConfig` or a scenario ``policy`` mapping.
+
+    This is the ``controller_factory`` of :func:`gpuscale.sim.runner.run_simulation`.
+    """
+    cfg = config if isinstance(config, ControllerConfig) else ControllerConfig.from_policy(config)
+    return Controller(backend, provider, pools, catalog, clock, cfg, planner=planner)
