@@ -40,8 +40,10 @@ from gpuscale.core.disruption import (
     SPOT_FALLBACK_LABEL,
     ActionKind,
     DisruptionAction,
+    DisruptionReason,
     KeepReason,
     PodDisruptionBudget,
+    classify_nodes,
     do_not_disrupt,
     pdb_allowances,
     plan_disruption,
@@ -148,8 +150,9 @@ class ControllerConfig:
     disruption_interval_s: float = 10.0
     consolidation_refresh_s: float = 300.0
     """Re-evaluate consolidation at least this often even when nothing changed (cron budget windows)."""
-    consolidation_retry_s: float = 60.0
-    """A node kept because its pods fit nowhere cheaper is re-simulated after this long (sooner if its pods change)."""
+    consolidation_retry_s: float = 300.0
+    """A node kept for a reason only a cluster change can lift (its pods fit nowhere cheaper, a budget, a PDB) is
+    re-simulated after this long, or sooner when room appears, a disruption ends, offerings or its pods change."""
     consolidation: bool = True
     replace_nodes: bool = True
     """Consolidation may replace a node by a cheaper one (False: only delete nodes whose pods fit elsewhere)."""
@@ -388,11 +391,18 @@ class Controller:
         self._last_plan_at = -math.inf
         self._last_signature: object = None
         self._last_plan: ScaleUpPlan | None = None
+        self._planned_on_node: dict[str, str] = {}
         self._static_blocked: set[str] = set()
         self._last_disruption_at = -math.inf
         self._disruption_skipped = False
         self._disruption_signature: object = None
         self._futile: dict[str, tuple[frozenset[str], float]] = {}
+        self._room_state: tuple[frozenset[tuple[str, str]], frozenset[object], frozenset[str], frozenset[object]] = (
+            frozenset(),
+            frozenset(),
+            frozenset(),
+            frozenset(),
+        )
         self._last_evaluation = -math.inf
         self._reported: dict[str, str] = {}
         self._delete_retry_at: dict[str, float] = {}
@@ -794,12 +804,15 @@ class Controller:
         if not real and not virtual:
             self._batch_start = None
             self._last_plan = None
+            self._planned_on_node = {}
             self._prune_reports(set())
             return
         if not closed and not self._force_plan:
             return
         if not virtual and not self._force_plan and {p.key for p in real} <= self._static_blocked:
             return  # only pods no cluster change can help (too large, no matching pool): nothing to re-plan
+        if not virtual and not self._force_plan and self._all_covered(real, w):
+            return  # every pending pod already has room on a node in flight: re-planning cannot launch less
         signature = self._signature(real, virtual, w)
         if (
             not self._force_plan
@@ -819,12 +832,34 @@ class Controller:
         assert plan is not None
         self._last_plan = plan
         self._last_plan_at = now
+        self._planned_on_node = {k: v for k, v in plan.placements.items() if v in w.nodes}
         self._last_signature = self._signature(real, virtual, w)
         pending_keys = {p.key for p in real} | {p.key for p in virtual}
         self._static_blocked = {b.pod for b in plan.blocked if b.reason in _STATIC_BLOCKS}
         for b in plan.blocked:
             self._report(f"pod/{b.pod}", str(b.reason), EventKind.BLOCKED, now, b.message)
         self._prune_reports(pending_keys)
+
+    def _all_covered(self, real: Sequence[Pod], w: _World) -> bool:
+        """True if every pending pod is one a live in-flight claim was launched for, or was planned onto a node
+        that is still coming up (or, within ``replan_interval_s``, onto any schedulable node)."""
+        in_flight: set[str] = set()
+        coming_up: set[str] = set()
+        for c in self.claims.values():
+            if c.phase in (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED):
+                in_flight.update(c.pods)
+                if c.node_name:
+                    coming_up.add(c.node_name)
+        fresh = w.now - self._last_plan_at < self.config.replan_interval_s
+        for p in real:
+            if p.key in in_flight:
+                continue
+            target = self._planned_on_node.get(p.key)
+            node = w.nodes.get(target) if target is not None else None
+            if node is not None and not node.unschedulable and (target in coming_up or fresh):
+                continue
+            return False
+        return True
 
     def _signature(self, real: Sequence[Pod], virtual: Sequence[Pod], w: _World) -> object:
         now = w.now
@@ -1074,6 +1109,7 @@ class Controller:
             count=1,
             labels=labels,
             taints=taints,
+            pods=() if c.replaces else c.pods,
         )
 
     def _call_launch(self, key: str, w: _World) -> _Outcome:
@@ -1235,38 +1271,69 @@ class Controller:
         now = w.now
         if not self.config.consolidation:
             return
-        if now - self._last_disruption_at < self.config.disruption_interval_s:
-            self._disruption_skipped = True
-            return
-        self._disruption_skipped = False
-        self._last_disruption_at = now
         candidates = {
             c.node_name
             for c in self.claims.values()
             if c.phase is ClaimPhase.INITIALIZED and c.node_name and c.node_name not in self._replacements
         }
-        # A candidate kept because its pods fit nowhere is not simulated again for a while unless its pods change.
-        on_node: dict[str, set[str]] = {}
-        for p in w.pods:
-            if p.node_name is not None:
-                on_node.setdefault(p.node_name, set()).add(p.key)
-        self._futile = {
-            n: (pods, until)
-            for n, (pods, until) in self._futile.items()
-            if until > now and n in candidates and pods == frozenset(on_node.get(n, ()))
-        }
-        resting = set(self._futile)
-        candidates -= resting
         disrupting = {
             c.node_name
             for c in self.claims.values()
             if c.node_name and c.phase in (ClaimPhase.DRAINING, ClaimPhase.DELETING, ClaimPhase.FAILED)
         } | set(self._replacements)
+        on_node: dict[str, set[str]] = {}
+        for p in w.pods:
+            if p.node_name is not None:
+                on_node.setdefault(p.node_name, set()).add(p.key)
+        # A node kept for a reason only a cluster change can lift (its pods fit nowhere, budgets, PDBs, ...) is not
+        # simulated again until something that could lift it changes: room appears (a pod leaves a node, a node
+        # joins or gains GPUs), a disruption finishes, offerings change, its own pods change, or the retry period
+        # ends.
+        bound = frozenset((p.key, p.node_name) for p in w.pods if p.node_name is not None)
+        room = frozenset((n.name, n.allocatable) for n in w.nodes.values() if not n.unschedulable)
+        unavailable_now = frozenset(k for k, t in self.unavailable.items() if t > now)
+        prev_bound, prev_room, prev_disrupting, prev_unavailable = self._room_state
+        changed = (
+            bool(prev_bound - bound)
+            or bool(room - prev_room)
+            or disrupting != prev_disrupting
+            or unavailable_now != prev_unavailable
+            or (bool(w.pdbs) and bound != prev_bound)
+        )
+        self._room_state = (bound, room, frozenset(disrupting), unavailable_now)
+        self._futile = {
+            n: (pods, until)
+            for n, (pods, until) in self._futile.items()
+            if not changed and until > now and n in candidates and pods == frozenset(on_node.get(n, ()))
+        }
+        resting = set(self._futile)
+        # Start consolidateAfter clocks (cheap); simulate only when some candidate's clock has run out.
+        classes = classify_nodes(
+            w.nodes.values(), w.pods, list(self.pools.values()), candidates=candidates, utilization=w.utilization
+        )
+        self._since = {n: self._since.get(n, now) for n in classes}
+        due = [
+            n
+            for n, why in classes.items()
+            if n not in resting and (why is DisruptionReason.DRIFTED or now - self._since[n] >= self._after(n))
+        ]
+        if not due:
+            self._disruption_skipped = False
+            return
+        if now - self._last_disruption_at < self.config.disruption_interval_s:
+            self._disruption_skipped = True
+            return
+        self._disruption_skipped = False
+        self._last_disruption_at = now
+        candidates -= resting
         # Pending pods already planned onto existing nodes hold their room there, and protect those nodes.
         pods = list(w.pods)
         protected: set[str] = set()
-        if self._last_plan is not None:
-            planned = {k: v for k, v in self._last_plan.placements.items() if v in w.nodes}
+        planned = {k: v for k, v in self._planned_on_node.items() if v in w.nodes}
+        for c in self.claims.values():
+            if c.node_name in w.nodes and c.phase in (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED):
+                planned.update((k, c.node_name) for k in c.pods if k not in planned)
+        if planned:
             protected = set(planned.values())
             pods = [replace(p, node_name=planned[p.key]) if p.pending and p.key in planned else p for p in pods]
         nodes = list(w.nodes.values())
@@ -1308,9 +1375,9 @@ class Controller:
             unavailable=unavailable,
             allow_replace=self.config.replace_nodes,
         )
-        self._since = {**{n: t for n, t in self._since.items() if n in resting}, **dp.since}
+        self._since.update(dp.since)
         for kept in dp.kept:
-            if kept.reason in (KeepReason.PODS_DO_NOT_FIT, KeepReason.NO_REPLACEMENT) and kept.node not in protected:
+            if kept.reason is not KeepReason.WAITING and kept.node not in protected:
                 pods_now = frozenset(on_node.get(kept.node, ()))
                 self._futile[kept.node] = (pods_now, now + self.config.consolidation_retry_s)
             if kept.reason is not KeepReason.WAITING:

@@ -49,10 +49,10 @@ from gpuscale.core.model import (
     Pod,
     Taint,
 )
-from gpuscale.core.predicates import match_requirement, static_fit
+from gpuscale.core.predicates import static_fit
 from gpuscale.core.resources import MILLI_PER_GPU, Request, Resources
 from gpuscale.core.state import ClusterState, NodeShape
-from gpuscale.core.templates import template_allocatable, template_labels
+from gpuscale.core.templates import pool_templates
 from gpuscale.errors import InputError
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -323,23 +323,15 @@ def pool_offerings(
     """The pool's launchable offerings, cheapest first: allowed types, requirements, zones and capacity types,
     available in the catalog and not marked unavailable past ``now``. ``capacity_types`` overrides the pool's."""
     unavailable = unavailable or {}
-    allowed_types = set(pool.instance_types)
     cts = set(capacity_types if capacity_types is not None else pool.capacity_types)
     out: list[PoolOffering] = []
-    for it in catalog.instance_types:
-        if allowed_types and it.name not in allowed_types:
+    for t in pool_templates(pool, catalog):
+        off = t.offering
+        if not off.available or (cts and off.capacity_type not in cts):
             continue
-        alloc = template_allocatable(pool, it)
-        for off in it.offerings:
-            if not off.available or (pool.zones and off.zone not in pool.zones):
-                continue
-            if cts and off.capacity_type not in cts:
-                continue
-            if unavailable.get(OfferingKey(it.name, off.zone, off.capacity_type), -math.inf) > now:
-                continue
-            labels = template_labels(pool, it, off)
-            if all(match_requirement(r, labels) for r in pool.requirements):
-                out.append(PoolOffering(pool, it, off, labels, alloc))
+        if unavailable and unavailable.get(OfferingKey(t.itype.name, off.zone, off.capacity_type), -math.inf) > now:
+            continue
+        out.append(PoolOffering(pool, t.itype, off, t.labels, t.alloc))
     out.sort(
         key=lambda po: (po.price, -pool.weight, po.instance_type.name, po.offering.zone, po.offering.capacity_type)
     )
@@ -532,6 +524,35 @@ def _classify(
     return DisruptionReason.UNDERUTILIZED, msg
 
 
+def classify_nodes(
+    nodes: Iterable[Node],
+    pods: Iterable[Pod],
+    pools: Sequence[NodePool],
+    *,
+    candidates: Collection[str] | None = None,
+    utilization: Mapping[str, float] | None = None,
+) -> dict[str, DisruptionReason]:
+    """Why each schedulable, non-launching node of a managed pool is a disruption candidate (empty, drifted,
+    underutilised); nodes that are not candidates are left out. The cheap first step of :func:`plan_disruption`,
+    which callers use to start ``consolidateAfter`` clocks without simulating anything."""
+    pool_by_name = {p.name: p for p in pools}
+    by_node: dict[str, list[Pod]] = {}
+    for p in pods:
+        if p.node_name is not None and _live(p):
+            by_node.setdefault(p.node_name, []).append(p)
+    out: dict[str, DisruptionReason] = {}
+    for n in nodes:
+        if n.launching or n.unschedulable or (candidates is not None and n.name not in candidates):
+            continue
+        pool = pool_by_name.get(n.pool or "")
+        if pool is None:
+            continue
+        cls = _classify(n, pool, _workload(by_node.get(n.name, ())), utilization or {})
+        if cls is not None:
+            out[n.name] = cls[0]
+    return out
+
+
 def _sort_pods(pods: Iterable[Pod]) -> list[Pod]:
     return sorted(pods, key=lambda p: (-p.request.gpu_demand_milli, -p.request.cpu_milli, -p.request.memory_mib, p.key))
 
@@ -682,6 +703,29 @@ def plan_disruption(
     dest = [n for n in nodes if not n.launching and not n.unschedulable and n.name not in disrupting_set]
     row = {n.name: i for i, n in enumerate(dest)}
     lazy: list[_Sim] = []
+    removed_rows: set[int] = set()
+    # Free room per destination and in total: an upper bound that rules out most hopeless moves without simulating.
+    free_of: dict[str, tuple[int, int, int, int]] = {}
+    for n in dest:
+        a = n.allocatable
+        on = by_node.get(n.name, ())
+        free_of[n.name] = (
+            a.cpu_milli - sum(p.request.cpu_milli for p in on),
+            a.memory_mib - sum(p.request.memory_mib for p in on),
+            a.gpus * MILLI_PER_GPU - sum(p.request.gpu_demand_milli for p in on),
+            a.pods - len(on),
+        )
+    free_total = tuple(sum(max(0, f[k]) for f in free_of.values()) for k in range(4))
+
+    def may_fit_elsewhere(n: Node, wl: Sequence[Pod]) -> bool:
+        own = free_of.get(n.name, (0, 0, 0, 0))
+        need = (
+            sum(p.request.cpu_milli for p in wl),
+            sum(p.request.memory_mib for p in wl),
+            sum(p.request.gpu_demand_milli for p in wl),
+            len(wl),
+        )
+        return all(need[k] <= free_total[k] - max(0, own[k]) for k in range(4))
 
     def simulation() -> _Sim:
         """The destination nodes' free capacity (built only once a candidate passes the cheap checks)."""
@@ -689,7 +733,9 @@ def plan_disruption(
             state = ClusterState([NodeShape(n.name, n.allocatable, n.gpu_model) for n in dest])
             for i, n in enumerate(dest):
                 _load(state, i, by_node.get(n.name, ()))
-            lazy.append(_Sim(dest, state, np.ones(len(dest), dtype=bool)))
+            usable = np.ones(len(dest), dtype=bool)
+            usable[list(removed_rows)] = False
+            lazy.append(_Sim(dest, state, usable))
         return lazy[0]
 
     # Classify.
@@ -782,8 +828,11 @@ def plan_disruption(
             keep(n, pool, KeepReason.BUDGET, f"{reason} disruptions of pool {pool.name} exhausted by {what}", reason)
             continue
 
-        sim = simulation()
-        new_state, left, dests = sim.fit_elsewhere(wl, row[n.name])
+        if may_fit_elsewhere(n, wl):
+            sim = simulation()
+            new_state, left, dests = sim.fit_elsewhere(wl, row[n.name])
+        else:
+            new_state, left, dests = None, list(wl), set()
         price = node_price(n, catalog)
         replacement: Replacement | None = None
         if left and not allow_replace:
@@ -820,9 +869,13 @@ def plan_disruption(
             continue
 
         # Commit.
-        sim.state = new_state
-        sim.usable[row[n.name]] = False
-        sim.received |= dests
+        if new_state is not None:
+            sim = simulation()
+            sim.state = new_state
+            sim.received |= dests
+        removed_rows.add(row[n.name])
+        if lazy:
+            lazy[0].usable[row[n.name]] = False
         if not stays_in_pool:
             counts[pool.name] = counts.get(pool.name, 0) - 1
         disrupting_by_pool[pool.name] = disrupting_by_pool.get(pool.name, 0) + 1

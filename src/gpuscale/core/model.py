@@ -189,8 +189,18 @@ class Catalog:
     warnings: tuple[str, ...] = ()
 
     def by_name(self) -> dict[str, InstanceType]:
-        """Instance types indexed by name."""
-        return {it.name: it for it in self.instance_types}
+        """Instance types indexed by name (memoised per catalog object: treat the result as read-only)."""
+        hit = _BY_NAME.get(id(self))
+        if hit is not None and hit[0] is self:
+            return hit[1]
+        if len(_BY_NAME) > 256:
+            _BY_NAME.clear()
+        index = {it.name: it for it in self.instance_types}
+        _BY_NAME[id(self)] = (self, index)
+        return index
+
+
+_BY_NAME: dict[int, tuple[Catalog, dict[str, InstanceType]]] = {}
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,11 +29,11 @@ import numpy as np
 from gpuscale.core import labels as L
 from gpuscale.core.model import InstanceType, Node, NodePool, Offering, OfferingKey, Pod, Snapshot, Taint
 from gpuscale.core.plan import Blocked, BlockReason, Launch, PlannerConfig, ScaleUpPlan
-from gpuscale.core.predicates import FitFailure, FitFailureKind, match_requirement, static_failure
+from gpuscale.core.predicates import FitFailure, FitFailureKind, static_failure
 from gpuscale.core.resources import MILLI_PER_GPU, Request, Resources
 from gpuscale.core.scoring import Scorer, Workload, make_scorer, select
 from gpuscale.core.state import ClusterState, IntArray, NodeShape
-from gpuscale.core.templates import template_allocatable, template_labels
+from gpuscale.core.templates import pool_templates
 
 EPS = 1e-9
 
@@ -64,30 +64,19 @@ class Option:
 
 def build_options(snapshot: Snapshot, now: float) -> list[Option]:
     """Every option of every pool, sorted by price then names (deterministic)."""
-    catalog = snapshot.catalog.by_name()
     out: list[Option] = []
     for pool in sorted(snapshot.pools, key=lambda p: p.name):
-        names = pool.instance_types or tuple(sorted(catalog))
-        for name in names:
-            itype = catalog.get(name)
-            if itype is None:
+        for t in pool_templates(pool, snapshot.catalog):
+            off = t.offering
+            if pool.capacity_types and off.capacity_type not in pool.capacity_types:
                 continue
-            alloc = template_allocatable(pool, itype)
-            for off in itype.offerings:
-                if pool.zones and off.zone not in pool.zones:
-                    continue
-                if pool.capacity_types and off.capacity_type not in pool.capacity_types:
-                    continue
-                lab = template_labels(pool, itype, off)
-                if not all(match_requirement(r, lab) for r in pool.requirements):
-                    continue
-                until = snapshot.unavailable.get(OfferingKey(itype.name, off.zone, off.capacity_type))
-                blocked_until: float | None = None
-                if not off.available:
-                    blocked_until = math.inf
-                elif until is not None and until > now:
-                    blocked_until = until
-                out.append(Option(0, pool, itype, off, lab, pool.taints, alloc, blocked_until))
+            until = snapshot.unavailable.get(OfferingKey(t.itype.name, off.zone, off.capacity_type))
+            blocked_until: float | None = None
+            if not off.available:
+                blocked_until = math.inf
+            elif until is not None and until > now:
+                blocked_until = until
+            out.append(Option(0, pool, t.itype, off, t.labels, pool.taints, t.alloc, blocked_until))
     out.sort(key=lambda o: o.sort_key)
     return [
         Option(i, o.pool, o.itype, o.offering, o.labels, o.taints, o.alloc, o.unavailable_until)

@@ -105,8 +105,17 @@ class ClusterState:
         return ok
 
     def fits_one(self, req: Request, i: int) -> bool:
-        """True if ``req`` fits on node row ``i`` now."""
-        return bool(self.fits(req, np.array([i], dtype=np.int64))[0])
+        """True if ``req`` fits on node row ``i`` now (scalar twin of :meth:`fits`)."""
+        if self.cpu_free[i] < req.cpu_milli or self.mem_free[i] < req.memory_mib or self.pods_free[i] < 1:
+            return False
+        if req.gpus:
+            if self.full_free[i] < req.gpus:
+                return False
+        elif req.gpu_milli and self.max_free[i] < req.gpu_milli:
+            return False
+        if req.wants_gpu and req.gpu_models is not None:
+            return self.models[int(self.model_idx[i])] in req.gpu_models
+        return True
 
     def choose_gpus(self, req: Request, i: int) -> tuple[int, ...]:
         """Physical GPUs ``req`` would take on node ``i``.

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gpuscale.core import labels as L
-from gpuscale.core.model import InstanceType, NodePool, Offering
+from gpuscale.core.model import Catalog, InstanceType, NodePool, Offering
+from gpuscale.core.predicates import match_requirement
 from gpuscale.core.resources import DEFAULT_MAX_PODS, Resources
 
 
@@ -45,3 +48,46 @@ def template_allocatable(pool: NodePool, itype: InstanceType) -> Resources:
         gpus=itype.gpu_count,
         pods=max(0, DEFAULT_MAX_PODS - overhead.pods),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """One offering a pool may use, with the node it yields (whatever its availability or capacity type)."""
+
+    itype: InstanceType
+    offering: Offering
+    labels: dict[str, str]
+    """Shared between callers: read-only."""
+    alloc: Resources
+
+
+def pool_templates(pool: NodePool, catalog: Catalog) -> tuple[Template, ...]:
+    """Every offering of the pool's allowed instance types in its zones that meets its requirements, in catalog order.
+
+    Capacity types, availability and prices are left to the caller. Memoised per (pool, catalog) object pair, since
+    planners ask for the same pools many times.
+    """
+    key = (id(pool), id(catalog))
+    hit = _TEMPLATES.get(key)
+    if hit is not None and hit[0] is pool and hit[1] is catalog:
+        return hit[2]
+    allowed = set(pool.instance_types)
+    out: list[Template] = []
+    for it in catalog.instance_types:
+        if allowed and it.name not in allowed:
+            continue
+        alloc = template_allocatable(pool, it)
+        for off in it.offerings:
+            if pool.zones and off.zone not in pool.zones:
+                continue
+            labels = template_labels(pool, it, off)
+            if all(match_requirement(r, labels) for r in pool.requirements):
+                out.append(Template(it, off, labels, alloc))
+    if len(_TEMPLATES) > 512:
+        _TEMPLATES.clear()
+    result = tuple(out)
+    _TEMPLATES[key] = (pool, catalog, result)
+    return result
+
+
+_TEMPLATES: dict[tuple[int, int], tuple[NodePool, Catalog, tuple[Template, ...]]] = {}

@@ -40,6 +40,9 @@ class LaunchRequest:
     count: int = 1
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
+    pods: tuple[str, ...] = ()
+    """Informational: the pending pods (namespace/name) this node is launched for; empty for minNodes, replacements
+    of running pods' nodes and other launches not driven by pending pods. Not part of the idempotency key."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -214,7 +214,10 @@ def run_simulation(
                 last_change = now
                 if cfg.record_series:
                     series.record(now, cloud, cluster)
-                next_reconcile = now + interval
+                if wake_fn is None or crashed:
+                    # a controller without timers gets a follow-up look at what its own actions changed; one with
+                    # timers already said when it next has work, and later consequences arrive as events
+                    next_reconcile = now + interval
             elif wake_fn is None:
                 if now - last_change < settle:
                     next_reconcile = now + interval
