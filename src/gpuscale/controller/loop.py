@@ -43,7 +43,7 @@ from gpuscale.core.disruption import (
     DisruptionReason,
     KeepReason,
     PodDisruptionBudget,
-    classify_nodes,
+    classify_node,
     do_not_disrupt,
     pdb_allowances,
     plan_disruption,
@@ -75,7 +75,8 @@ from gpuscale.core.nodeclaim import (
     transition,
 )
 from gpuscale.core.plan import BlockReason, PlannerConfig, ScaleUpPlan
-from gpuscale.core.resources import Resources
+from gpuscale.core.predicates import static_fit
+from gpuscale.core.resources import MILLI_PER_GPU, Resources
 from gpuscale.core.templates import template_allocatable, template_labels
 from gpuscale.errors import (
     CapacityError,
@@ -392,6 +393,7 @@ class Controller:
         self._last_signature: object = None
         self._last_plan: ScaleUpPlan | None = None
         self._planned_on_node: dict[str, str] = {}
+        self._class_cache: dict[str, tuple[object, DisruptionReason | None]] = {}
         self._static_blocked: set[str] = set()
         self._last_disruption_at = -math.inf
         self._disruption_skipped = False
@@ -1293,24 +1295,22 @@ class Controller:
         room = frozenset((n.name, n.allocatable) for n in w.nodes.values() if not n.unschedulable)
         unavailable_now = frozenset(k for k, t in self.unavailable.items() if t > now)
         prev_bound, prev_room, prev_disrupting, prev_unavailable = self._room_state
-        changed = (
-            bool(prev_bound - bound)
-            or bool(room - prev_room)
-            or disrupting != prev_disrupting
-            or unavailable_now != prev_unavailable
-            or (bool(w.pdbs) and bound != prev_bound)
-        )
+        changed = disrupting != prev_disrupting or unavailable_now != prev_unavailable
+        changed = changed or (bool(w.pdbs) and bound != prev_bound)
+        grown = {node for _, node in prev_bound - bound} | {name for name, _ in room - prev_room}
         self._room_state = (bound, room, frozenset(disrupting), unavailable_now)
         self._futile = {
             n: (pods, until)
             for n, (pods, until) in self._futile.items()
-            if not changed and until > now and n in candidates and pods == frozenset(on_node.get(n, ()))
+            if not changed
+            and until > now
+            and n in candidates
+            and pods == frozenset(on_node.get(n, ()))
+            and not self._may_move_to(pods, grown - {n}, w)
         }
         resting = set(self._futile)
         # Start consolidateAfter clocks (cheap); simulate only when some candidate's clock has run out.
-        classes = classify_nodes(
-            w.nodes.values(), w.pods, list(self.pools.values()), candidates=candidates, utilization=w.utilization
-        )
+        classes = self._classify(candidates, w)
         self._since = {n: self._since.get(n, now) for n in classes}
         due = [
             n
@@ -1421,6 +1421,67 @@ class Controller:
                 self._record(
                     now, EventKind.CONSOLIDATE, f"node/{action.node}", str(action.reason), action.message, **data
                 )
+
+    def _classify(self, candidates: set[str], w: _World) -> dict[str, DisruptionReason]:
+        """Candidate reason per node (memoised per node on what the classification reads)."""
+        by_node: dict[str, list[Pod]] = {}
+        for p in w.pods:
+            if p.node_name in candidates:
+                by_node.setdefault(p.node_name, []).append(p)
+        cache: dict[str, tuple[object, DisruptionReason | None]] = {}
+        out: dict[str, DisruptionReason] = {}
+        for name in candidates:
+            n = w.nodes.get(name)
+            pool = self.pools.get(n.pool or "") if n is not None else None
+            if n is None or pool is None or n.unschedulable or n.launching:
+                continue
+            pods = by_node.get(name, [])
+            lab = n.labels
+            key = (
+                n.allocatable,
+                lab.get(L.INSTANCE_TYPE),
+                lab.get(L.ZONE),
+                lab.get(L.CAPACITY_TYPE),
+                lab.get(SPOT_FALLBACK_LABEL),
+                frozenset((p.key, p.phase) for p in pods),
+                w.utilization.get(name) if pool.disruption.use_measured_gpu_utilization else None,
+            )
+            hit = self._class_cache.get(name)
+            why = hit[1] if hit is not None and hit[0] == key else classify_node(n, pool, pods, w.utilization)
+            cache[name] = (key, why)
+            if why is not None:
+                out[name] = why
+        self._class_cache = cache
+        return out
+
+    def _may_move_to(self, pod_keys: frozenset[str], targets: set[str], w: _World) -> bool:
+        """True if any of the pods might fit on any of ``targets`` (an over-estimate: total free GPU, CPU, memory).
+
+        Room that grew only on nodes none of a node's pods fit leaves the outcome of re-simulating it unchanged.
+        """
+        nodes = [w.nodes[t] for t in targets if t in w.nodes and not w.nodes[t].unschedulable]
+        if not nodes or not pod_keys:
+            return False
+        by_key = {p.key: p for p in w.pods if p.key in pod_keys}
+        used: dict[str, list[int]] = {n.name: [0, 0, 0] for n in nodes}
+        for p in w.pods:
+            u = used.get(p.node_name or "")
+            if u is not None:
+                u[0] += p.request.cpu_milli
+                u[1] += p.request.memory_mib
+                u[2] += p.request.gpu_demand_milli
+        for n in nodes:
+            a, u = n.allocatable, used[n.name]
+            for p in by_key.values():
+                r = p.request
+                if (
+                    r.cpu_milli <= a.cpu_milli - u[0]
+                    and r.memory_mib <= a.memory_mib - u[1]
+                    and r.gpu_demand_milli <= a.gpus * MILLI_PER_GPU - u[2]
+                    and static_fit(p, n.labels, n.taints) is None
+                ):
+                    return True
+        return False
 
     def _after(self, node_name: str) -> float:
         pool = self._pool_of_node(node_name)

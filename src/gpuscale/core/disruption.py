@@ -524,6 +524,14 @@ def _classify(
     return DisruptionReason.UNDERUTILIZED, msg
 
 
+def classify_node(
+    node: Node, pool: NodePool, pods: Sequence[Pod], utilization: Mapping[str, float] | None = None
+) -> DisruptionReason | None:
+    """Why ``node`` (of ``pool``, running ``pods``) is a disruption candidate, or None (see :func:`classify_nodes`)."""
+    cls = _classify(node, pool, _workload(p for p in pods if _live(p)), utilization or {})
+    return cls[0] if cls is not None else None
+
+
 def classify_nodes(
     nodes: Iterable[Node],
     pods: Iterable[Pod],
@@ -594,23 +602,38 @@ class _Sim:
         return st, left, dests
 
 
-def _load(state: ClusterState, i: int, pods: Iterable[Pod]) -> None:
-    """Account for the pods bound to row ``i`` (fast path of ``ClusterState.occupy`` for CPU and whole-GPU pods)."""
-    cpu = mem = count = whole = 0
+def _load_all(state: ClusterState, pods_per_row: Sequence[Sequence[Pod]]) -> None:
+    """Account for the pods bound to every row at once (CPU, memory and pod slots vectorised)."""
+    n = len(pods_per_row)
+    cpu = np.zeros(n, dtype=np.int64)
+    mem = np.zeros(n, dtype=np.int64)
+    cnt = np.zeros(n, dtype=np.int64)
+    for i, pods in enumerate(pods_per_row):
+        if not pods:
+            continue
+        c = m = 0
+        gpu_pods = False
+        for p in pods:
+            r = p.request
+            c += r.cpu_milli
+            m += r.memory_mib
+            gpu_pods = gpu_pods or r.wants_gpu
+        cpu[i], mem[i], cnt[i] = c, m, len(pods)
+        if gpu_pods:
+            _load_gpus(state, i, pods)
+    state.cpu_free = np.maximum(0, state.cpu_free - cpu)
+    state.mem_free = np.maximum(0, state.mem_free - mem)
+    state.pods_free = np.maximum(0, state.pods_free - cnt)
+
+
+def _load_gpus(state: ClusterState, i: int, pods: Iterable[Pod]) -> None:
+    """The GPU part of :func:`_load` for row ``i``."""
+    whole = 0
     fractions: list[Request] = []
     for p in pods:
-        r = p.request
-        cpu += r.cpu_milli
-        mem += r.memory_mib
-        count += 1
-        whole += r.gpus
-        if r.gpu_milli:
-            fractions.append(r)
-    state.cpu_free[i] = max(0, int(state.cpu_free[i]) - cpu)
-    state.mem_free[i] = max(0, int(state.mem_free[i]) - mem)
-    state.pods_free[i] = max(0, int(state.pods_free[i]) - count)
-    if not whole and not fractions:
-        return
+        whole += p.request.gpus
+        if p.request.gpu_milli:
+            fractions.append(p.request)
     row = state.gpu_free[i]
     if whole:
         row[np.flatnonzero(row == MILLI_PER_GPU)[:whole]] = 0
@@ -731,8 +754,7 @@ def plan_disruption(
         """The destination nodes' free capacity (built only once a candidate passes the cheap checks)."""
         if not lazy:
             state = ClusterState([NodeShape(n.name, n.allocatable, n.gpu_model) for n in dest])
-            for i, n in enumerate(dest):
-                _load(state, i, by_node.get(n.name, ()))
+            _load_all(state, [by_node.get(n.name, ()) for n in dest])
             usable = np.ones(len(dest), dtype=bool)
             usable[list(removed_rows)] = False
             lazy.append(_Sim(dest, state, usable))

@@ -805,6 +805,19 @@ def improve_with_milp(planner: Planner, ctx: Context, time_limit_s: float) -> li
     if not classes or len(classes) > planner.config.milp_max_classes:
         return None
     cls_by_index = {c.index: c for c in planner.classes}
+    # Optimality certificate: every plan buys, for each class, some node able to host it. When the greedy plan costs
+    # no more than the dearest of those cheapest hosts, no integer program can beat it.
+    floor = 0.0
+    for k in classes:
+        cls = cls_by_index[k]
+        hosts = [
+            o.price
+            for o, n in zip(planner.feasible(cls), planner._solo(cls), strict=True)
+            if o.unavailable_until is None and n > 0
+        ]
+        floor = max(floor, min(hosts, default=0.0))
+    if greedy_cost <= floor + 1e-9:
+        return None
     columns: list[tuple[Option, dict[int, int]]] = []
     seen: set[tuple[int, tuple[tuple[int, int], ...]]] = set()
 
