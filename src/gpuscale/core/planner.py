@@ -784,6 +784,20 @@ def _fmt_resources(a: Resources, model: str | None) -> str:
 
 
 # ------------------------------------------------------------------------------------------------------ exact solver
+def _realizable(opt: Option, pattern: Mapping[int, int], classes: Mapping[int, PodClass]) -> bool:
+    """True if the pattern's pods fit one node of ``opt`` when bound one by one in planning order, each fraction taking
+    the best-fitting physical GPU (as the scheduler and device plugin would), not only in total per GPU."""
+    if not any(classes[k].request.gpu_milli for k in pattern):
+        return True  # whole GPUs, CPU and memory are additive: the pattern's counts already fit
+    state = ClusterState([NodeShape("new", opt.alloc, opt.itype.gpu_model)])
+    for k in sorted(pattern, key=lambda k: pod_order(classes[k].example)):
+        for _ in range(pattern[k]):
+            if not state.fits_one(classes[k].request, 0):
+                return False
+            state.place(classes[k].request, 0)
+    return True
+
+
 def improve_with_milp(planner: Planner, ctx: Context, time_limit_s: float) -> list[NewNodes] | None:
     """Re-optimise the new nodes of a greedy plan with an integer program over packing patterns.
 
@@ -825,7 +839,8 @@ def improve_with_milp(planner: Planner, ctx: Context, time_limit_s: float) -> li
         key = (opt.index, tuple(sorted(pattern.items())))
         if pattern and key not in seen:
             seen.add(key)
-            columns.append((opt, pattern))
+            if _realizable(opt, pattern, cls_by_index):
+                columns.append((opt, pattern))
 
     for g in ctx.groups:
         add(g.option, g.pattern)
