@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import pytest
@@ -25,6 +26,7 @@ from gpuscale.sim.cloud import (
     CapacityRule,
     CloudBehaviour,
     Faults,
+    InFlightNode,
     SimCloud,
     TypeLatencies,
     make_contract_cloud,
@@ -51,7 +53,13 @@ class Listener:
     def __init__(self) -> None:
         self.registered: list[tuple[float, str, float | None, tuple[Taint, ...]]] = []
         self.terminated: list[tuple[float, str, str]] = []
+        self.asked: list[tuple[str, tuple[str, ...], list[str]]] = []
+        self.redundant = False
         self.engine: Engine | None = None
+
+    def launch_is_redundant(self, request: LaunchRequest, in_flight: Collection[InFlightNode]) -> bool:
+        self.asked.append((request.request_id, request.pods, [f.node.node_name for f in in_flight]))
+        return self.redundant
 
     def node_registered(
         self,
@@ -115,6 +123,39 @@ def test_lifecycle_follows_the_latencies_and_tells_the_listener() -> None:
     cloud.delete_node("never-existed")  # nothing to delete: fine
     with pytest.raises(NotFound):
         cloud.interrupt("never-existed")
+
+
+def test_the_listener_judges_each_node_launched_for_pods_against_the_nodes_in_flight() -> None:
+    b = CloudBehaviour(
+        launch_latency=Dist.const(30),
+        registration_latency=Dist.const(60),
+        deletion_latency=Dist.const(10),
+    )
+    eng, cloud, lst = make(b)
+    (a,) = cloud.launch(req("a"))  # no pods (minNodes, replacement): the listener is not asked
+    assert lst.asked == []
+    pods = ("default/p", "default/q")
+    b1, _b2 = cloud.launch(LaunchRequest("b", "gpu", "t4-1", "z1", OD, 2, pods=pods))
+    # each node is judged without itself, with the nodes in flight before it (earlier ones of the request too)
+    assert lst.asked == [("b", pods, [a.node_name]), ("b", pods, [a.node_name, b1.node_name])]
+    assert cloud.counters.redundant_launches == 0 and cloud.redundant_nodes == []
+    cloud.launch(LaunchRequest("b", "gpu", "t4-1", "z1", OD, 2, pods=pods))  # a replay creates nothing
+    assert len(lst.asked) == 2
+    eng.run_until(90.0)  # a, b1, b2 registered: no longer in flight
+    assert cloud.in_flight() == []
+    lst.redundant = True
+    (c,) = cloud.launch(LaunchRequest("c", "gpu", "t4-1", "z1", OD, 1, pods=pods))
+    (d,) = cloud.launch(LaunchRequest("d", "gpu", "t4-1", "z1", OD, 1, pods=pods))
+    assert lst.asked[2:] == [("c", pods, []), ("d", pods, [c.node_name])]
+    assert cloud.counters.redundant_launches == 2 and cloud.redundant_nodes == [c.node_name, d.node_name]
+    cloud.delete_node(c.node_id)  # deleting: not in flight
+    assert [f.node.node_name for f in cloud.in_flight()] == [d.node_name]
+    assert cloud.in_flight()[0].itype.name == "t4-1" and cloud.in_flight()[0].hourly_price == 0.6
+
+    eng, cloud, lst = make(CloudBehaviour(launch_latency=Dist.const(10), launch_failure_rate=1.0))
+    cloud.launch(req("f"))
+    eng.run_until(11.0)  # failed while provisioning: not in flight
+    assert cloud.in_flight() == []
 
 
 def test_per_type_latency_override_and_cpu_nodes_have_no_gpu_delay() -> None:

@@ -394,6 +394,7 @@ class Controller:
         self._last_plan: ScaleUpPlan | None = None
         self._planned_on_node: dict[str, str] = {}
         self._class_cache: dict[str, tuple[object, DisruptionReason | None]] = {}
+        self._unlisted: set[str] = set()
         self._static_blocked: set[str] = set()
         self._last_disruption_at = -math.inf
         self._disruption_skipped = False
@@ -460,8 +461,10 @@ class Controller:
             t = deadline(c)
             if t is not None:
                 times.append(t + 1e-6)
-            if c.phase is ClaimPhase.LAUNCHED:
-                times.append(c.since + self.config.lost_grace_s)
+        for key in self._unlisted:
+            unlisted = self.claims.get(key)
+            if unlisted is not None and unlisted.phase is ClaimPhase.LAUNCHED:
+                times.append(unlisted.since + self.config.lost_grace_s)
         times += self._retry_at.values()
         times += self._delete_retry_at.values()
         times += [t + self.config.orphan_grace_s for t in self._orphan_since.values()]
@@ -527,10 +530,12 @@ class Controller:
                     claim = replace(claim, node_id=cn.node_id, node_name=cn.node_name or claim.node_name)
             seen.add(key)
             self.claims[key] = self._advance(claim, w)
+        self._unlisted = set()
         for key, claim in list(self.claims.items()):
             if key in seen or claim.phase is ClaimPhase.REQUESTED:
                 continue
             if claim.phase is ClaimPhase.LAUNCHED and now - claim.since < self.config.lost_grace_s:
+                self._unlisted.add(key)  # not listed yet (eventual consistency): lost only after the grace period
                 continue
             if claim.phase is ClaimPhase.DELETING:
                 self._finish(key, transition(claim, ClaimEvent.DELETED, now, reason="provider no longer lists it"))

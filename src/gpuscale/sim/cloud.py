@@ -15,12 +15,19 @@ by ``poll_errors`` as :attr:`ProviderEventKind.SPOT_INTERRUPTION` with its deadl
 Launch is idempotent by request id: a request id that already has nodes returns them; the same id with different
 parameters is refused. :attr:`SimCloud.counters` counts everything, including ``duplicate_nodes`` (a node created for
 a request id that already had nodes), which the design makes impossible and the tests check stays zero.
+
+Redundant launches: before creating each node of a launch whose :attr:`LaunchRequest.pods` is not empty, the cloud
+asks its listener :meth:`CloudListener.launch_is_redundant`, passing the nodes in flight (launched, not registered,
+not deleting, not failed; the node about to be created not among them, the earlier nodes of the same request
+included). The cluster answers True when the pods already pending fit without the new node (see
+:meth:`gpuscale.sim.cluster.SimCluster.launch_is_redundant`); such nodes are counted in
+``counters.redundant_launches`` and named in :attr:`SimCloud.redundant_nodes`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
@@ -163,6 +170,8 @@ class CloudCounters:
     idempotent_replays: int = 0
     idempotency_mismatches: int = 0
     duplicate_nodes: int = 0
+    redundant_launches: int = 0
+    """Nodes created for pending pods that already fitted without them (see the module docstring)."""
     delete_calls: int = 0
     nodes_deleted: int = 0
     spot_notices: int = 0
@@ -173,8 +182,26 @@ class CloudCounters:
         return {k: int(v) for k, v in asdict(self).items()}
 
 
+@dataclass(frozen=True, slots=True)
+class InFlightNode:
+    """A node launched but not registered yet, as the cloud describes it to its listener.
+
+    ``node`` is the node as it was created (its state field is not kept up to date); ``taints`` are the launch
+    request's taints (the pool's come from the cluster's pool definition).
+    """
+
+    node: CloudNode
+    itype: InstanceType
+    taints: tuple[Taint, ...]
+    hourly_price: float
+
+
 class CloudListener(Protocol):
-    """What the cloud tells the cluster (implemented by :class:`gpuscale.sim.cluster.SimCluster`)."""
+    """What the cloud tells (and asks) the cluster (implemented by :class:`gpuscale.sim.cluster.SimCluster`)."""
+
+    def launch_is_redundant(self, request: LaunchRequest, in_flight: Collection[InFlightNode]) -> bool:
+        """Asked before each node of a launch with pods is created: True if it is redundant, i.e. the pending pods
+        fit without it, in the registered nodes and ``in_flight``. Must not change any state."""
 
     def node_registered(
         self,
@@ -292,6 +319,8 @@ class SimCloud:
         self._recs: dict[str, _Rec] = {}
         self._alive: dict[str, _Rec] = {}
         self._by_request: dict[str, tuple[LaunchRequest, list[str]]] = {}
+        self._in_flight: dict[str, InFlightNode] = {}
+        """node id -> every node launched and not yet registered, deleting, failed or gone."""
         self._events: list[ProviderEvent] = []
         self._seq = 0
         self._rng_faults = stream(seed, "cloud.faults")
@@ -307,6 +336,8 @@ class SimCloud:
         """node name -> deadline of each spot interruption notice given."""
         self.version = 0
         """Bumped on every provider-side state change."""
+        self.redundant_nodes: list[str] = []
+        """Names of the nodes counted in ``counters.redundant_launches``, in creation order."""
         self._listed: tuple[int, tuple[CloudNode, ...]] = (-1, ())
 
     # ----------------------------------------------------------------------------------------------- protocol
@@ -362,6 +393,10 @@ class SimCloud:
         """Events since the last call (spot notices, asynchronous launch failures, GPU init failures)."""
         out, self._events = self._events, []
         return out
+
+    def has_events(self) -> bool:
+        """True if :meth:`poll_errors` would return something (the simulator wakes the controller for these)."""
+        return bool(self._events)
 
     # ------------------------------------------------------------------------------------------------ helpers
     def _hook(self, point: str) -> None:
@@ -457,13 +492,19 @@ class SimCloud:
             self.counters.duplicate_nodes += request.count
         ids: list[str] = []
         launch_d, _, _ = self.behaviour.latencies(itype.name)
+        listener = self.listener if request.pods else None
         for _ in range(request.count):
+            redundant = listener is not None and listener.launch_is_redundant(request, self._in_flight.values())
             self._seq += 1
             node_id = f"sim-{self._seq:06d}"
             rec = _Rec(node_id, f"{request.pool}-{self._seq:05d}", request, itype, offer.hourly_price)
             rec.created_at = now
             self._recs[node_id] = rec
             self._alive[node_id] = rec
+            self._in_flight[node_id] = InFlightNode(rec.snapshot(), itype, rec.taints, rec.price)
+            if redundant:
+                self.counters.redundant_launches += 1
+                self.redundant_nodes.append(rec.node_name)
             self.hourly_rate += rec.price
             ids.append(node_id)
             rec.timers.append(self.engine.after(launch_d.sample(self._rng_lat), self._running, rec))
@@ -505,6 +546,7 @@ class SimCloud:
         rec.set_state(CloudNodeState.READY)
         self.version += 1
         rec.registered_at = self.engine.now()
+        self._in_flight.pop(rec.node_id, None)
         gpu_delay: float | None = 0.0
         if rec.itype.gpu_count:
             _, _, dp = self.behaviour.latencies(rec.itype.name)
@@ -558,6 +600,7 @@ class SimCloud:
             t.cancel()
         was_registered = rec.registered_at is not None
         rec.set_state(CloudNodeState.DELETING)
+        self._in_flight.pop(rec.node_id, None)
         self.version += 1
         self.counters.nodes_deleted += 1
         if self.listener is not None and was_registered:
@@ -576,6 +619,7 @@ class SimCloud:
             t.cancel()
         rec.timers = []
         rec.set_state(CloudNodeState.GONE)
+        self._in_flight.pop(rec.node_id, None)
         self.version += 1
         now = self.engine.now()
         rec.ended_at = now
@@ -632,6 +676,10 @@ class SimCloud:
     def launched_node_names(self, *, include_failed: bool = True) -> list[str]:
         """Names of every node ever created, in creation order (optionally without failed launches)."""
         return [r.node_name for r in self._recs.values() if include_failed or not r.failed]
+
+    def in_flight(self) -> list[InFlightNode]:
+        """Nodes launched and not yet registered, deleting, failed or gone, in creation order."""
+        return list(self._in_flight.values())
 
     def node_ids_for(self, request_id: str) -> list[str]:
         """Node ids created for a request id (empty if none)."""

@@ -15,12 +15,19 @@ deleted, spot reclaim, eviction) goes back to pending and, when bound again, run
 
 ``evict`` refuses (returns False) when a PodDisruptionBudget would be violated; do-not-disrupt is the controller's
 job, but the cluster counts every disruption of an annotated pod as a violation, for tests and reports.
+
+Redundant launches (the simulator's duplicate-launch metric): :meth:`SimCluster.launch_is_redundant` answers the
+cloud, before it creates a node for pods, whether that node is needed. It is not when one of its pods is pending and
+every pending pod (DaemonSet pods excluded) fits, by first-fit-decreasing (largest GPU demand, then CPU, first), into
+the free room of the registered schedulable nodes (GPUs counted at their template capacity while the device plugin
+is not ready; cordoned nodes and nodes whose GPUs failed to initialise do not count) and of the nodes in flight (at
+their template allocatable, labels and taints), with the same predicates and per-GPU accounting as the scheduler.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
@@ -32,9 +39,10 @@ from gpuscale.core.nodeclaim import REQUEST_ID_LABEL
 from gpuscale.core.predicates import static_fit
 from gpuscale.core.resources import MILLI_PER_GPU, Request, Resources
 from gpuscale.core.scoring import make_scorer, select
-from gpuscale.core.state import ABSENT_GPU, ClusterState, IntArray, NodeShape, Placement
+from gpuscale.core.state import ABSENT_GPU, BoolArray, ClusterState, IntArray, NodeShape, Placement
 from gpuscale.core.templates import template_allocatable, template_labels
-from gpuscale.providers.base import CloudNode
+from gpuscale.providers.base import CloudNode, LaunchRequest
+from gpuscale.sim.cloud import InFlightNode
 from gpuscale.sim.engine import Engine, Timer, stream
 
 
@@ -155,6 +163,38 @@ def _demand(req: Request) -> float:
     return req.gpu_demand_milli / MILLI_PER_GPU
 
 
+def _ffd_key(sp: _SimPod) -> tuple[int, int, int, int]:
+    r = sp.pod.request
+    return (-r.gpu_demand_milli, -r.cpu_milli, -r.memory_mib, sp.seq)
+
+
+@dataclass(frozen=True, slots=True)
+class _Template:
+    """What a node would look like once registered: labels, taints, allocatable (GPUs at template capacity)."""
+
+    labels: dict[str, str]
+    taints: tuple[Taint, ...]
+    allocatable: Resources
+    gpu_model: str | None
+
+
+class _Cursor:
+    """First-fit position of one pod class (request and label/taint signature) during a what-if packing.
+
+    Rows are only ever taken during the packing, so a row that cannot take the class stays unable to: each cursor
+    moves forward over the rows that fitted the class when it was first seen, registered nodes first, then the nodes
+    in flight.
+    """
+
+    __slots__ = ("extra", "extra_at", "live", "live_at")
+
+    def __init__(self, live: IntArray) -> None:
+        self.live = live
+        self.live_at = 0
+        self.extra: IntArray | None = None
+        self.extra_at = 0
+
+
 class SimCluster:
     """The simulated cluster. Implements ``ClusterBackend`` plus the hooks the simulated cloud and workloads use."""
 
@@ -192,6 +232,14 @@ class SimCluster:
         self._state = self._make_state(max(16, len(self._models) + 1))
         self._pods: dict[str, _SimPod] = {}
         self._pending: dict[str, _SimPod] = {}
+        self._pending_gpu_milli = 0
+        """Total GPU demand of the pending pods (DaemonSet pods excluded)."""
+        self._gpu_waiting: dict[str, _SimNode] = {}
+        """Registered GPU nodes whose device plugin is not ready yet (but will be)."""
+        self._gpu_failed: dict[str, _SimNode] = {}
+        """Registered GPU nodes whose GPUs never become allocatable."""
+        self._templates: dict[str, _Template] = {}
+        """Node name -> template of nodes in flight (pruned when it outgrows what is in flight)."""
         self._new_pending: set[str] = set()
         self._masks: dict[tuple[object, ...], np.ndarray] = {}
         self._sig_pod: dict[tuple[object, ...], Pod] = {}
@@ -322,17 +370,15 @@ class SimCluster:
         """A cloud node's kubelet joined: add the Node (GPUs allocatable after ``gpu_delay``; None means never)."""
         if node.node_name in self._nodes:
             return
-        pool = self.pools.get(node.pool) or NodePool(name=node.pool)
-        offering = Offering(node.zone, node.capacity_type, hourly_price)
+        self._templates.pop(node.node_name, None)
+        tpl = self._template(node, itype, taints, hourly_price)
         sn = _SimNode(node.node_name, self._alloc_slot())
-        sn.labels = {**pool.labels, **node.labels, **template_labels(pool, itype, offering)}
-        sn.labels[L.HOSTNAME] = node.node_name
-        sn.labels[REQUEST_ID_LABEL] = node.request_id
-        sn.taints = tuple(dict.fromkeys((*pool.taints, *taints)))
+        sn.labels = dict(tpl.labels)
+        sn.taints = tpl.taints
         sn.pool = node.pool
         sn.price = hourly_price
         sn.itype = itype
-        sn.allocatable = template_allocatable(pool, itype)
+        sn.allocatable = tpl.allocatable
         sn.gpu_count = sn.allocatable.gpus
         sn.created_at = self.engine.now()
         self._slots[sn.slot] = sn
@@ -342,15 +388,32 @@ class SimCluster:
         self._record("NodeRegistered", f"node/{sn.name}", "Registered", f"{itype.name} in {node.zone} joined")
         if sn.gpu_count and gpu_delay is not None:
             sn.gpu_timer = self.engine.after(gpu_delay, self._gpus_ready, sn)
+            self._gpu_waiting[sn.name] = sn
         elif not sn.gpu_count:
             sn.gpu_ready = True
+        else:
+            self._gpu_failed[sn.name] = sn
         self._node_changed(sn, more_room=True)
+
+    def _template(
+        self, node: CloudNode, itype: InstanceType, taints: tuple[Taint, ...], hourly_price: float
+    ) -> _Template:
+        """Labels, taints and allocatable of a node of ``itype`` launched as ``node`` (see the module docstring)."""
+        pool = self.pools.get(node.pool) or NodePool(name=node.pool)
+        offering = Offering(node.zone, node.capacity_type, hourly_price)
+        labels = {**pool.labels, **node.labels, **template_labels(pool, itype, offering)}
+        labels[L.HOSTNAME] = node.node_name
+        labels[REQUEST_ID_LABEL] = node.request_id
+        return _Template(
+            labels, tuple(dict.fromkeys((*pool.taints, *taints))), template_allocatable(pool, itype), itype.gpu_model
+        )
 
     def _gpus_ready(self, sn: _SimNode) -> None:
         if self._nodes.get(sn.name) is not sn:
             return
         sn.gpu_timer = None
         sn.gpu_ready = True
+        self._gpu_waiting.pop(sn.name, None)
         st, i = self._state, sn.slot
         st.gpu_cap[i] = sn.gpu_count
         st.gpu_free[i, : sn.gpu_count] = MILLI_PER_GPU
@@ -385,6 +448,7 @@ class SimCluster:
         )
         self._pods[pod.key] = sp
         self._pending[pod.key] = sp
+        self._pending_gpu_milli += _gpu_milli(sp.pod)
         self._new_pending.add(pod.key)
         self.counters.pods_arrived += 1
         if deadline is not None:
@@ -397,6 +461,7 @@ class SimCluster:
         if self._pods.get(key) is not sp or key not in self._pending:
             return
         del self._pending[key]
+        self._pending_gpu_milli -= _gpu_milli(sp.pod)
         self._new_pending.discard(key)
         del self._pods[key]
         self._cancel_samples.append(self.engine.now() - sp.pending_since)
@@ -478,6 +543,7 @@ class SimCluster:
         sp.bound_at = now
         sp.pod = replace(sp.pod, node_name=sn.name, phase="Running")
         del self._pending[sp.pod.key]
+        self._pending_gpu_milli -= _gpu_milli(sp.pod)
         if sp.deadline is not None:
             sp.deadline.cancel()
             sp.deadline = None
@@ -522,6 +588,7 @@ class SimCluster:
         sp.pod = replace(sp.pod, node_name=None, phase="Pending")
         sp.pending_since = self.engine.now()
         self._pending[sp.pod.key] = sp
+        self._pending_gpu_milli += _gpu_milli(sp.pod)
         self._new_pending.add(sp.pod.key)
         self.counters.disruptions += 1
         if by_controller and sp.pod.annotations.get(L.DO_NOT_DISRUPT_ANNOTATION) == "true":
@@ -633,6 +700,8 @@ class SimCluster:
             self._repend(self._pods[key], reason, by_controller=by_controller)
         if sn.gpu_timer is not None:
             sn.gpu_timer.cancel()
+        self._gpu_waiting.pop(sn.name, None)
+        self._gpu_failed.pop(sn.name, None)
         del self._nodes[sn.name]
         self._clear_slot(sn.slot)
         self.counters.nodes_removed += 1
@@ -646,6 +715,114 @@ class SimCluster:
         self.version += 1
         if pods:
             self._capacity_grew()
+
+    # ------------------------------------------------------------------------------------ redundant launches
+    def launch_is_redundant(self, request: LaunchRequest, in_flight: Collection[InFlightNode]) -> bool:
+        """True if a node launched for ``request`` now is not needed (see the module docstring).
+
+        False at once when ``request.pods`` names no pending pod; else :meth:`pending_fit` with ``in_flight`` (which
+        must not include the node being launched). Changes nothing.
+        """
+        pending = self._pending
+        if not any(k in pending for k in request.pods):
+            return False
+        return self.pending_fit(in_flight)
+
+    def pending_fit(self, in_flight: Collection[InFlightNode] = ()) -> bool:
+        """True if every pending pod (DaemonSet pods excluded) fits, by first-fit-decreasing, into the free room of
+        the registered schedulable nodes (GPUs at template capacity while their device plugin is not ready; nodes whose
+        GPUs failed excluded) and of ``in_flight`` nodes at their template allocatable. Changes nothing."""
+        todo = [sp for sp in self._pending.values() if not sp.pod.is_daemonset]
+        if not todo:
+            return True
+        st = self._state
+        waiting = list(self._gpu_waiting.values())
+        # necessary condition first: enough GPU room in total (cheap, and false in every genuine scale-up)
+        room = sum(n.itype.gpu_count for n in in_flight) + sum(sn.gpu_count for sn in waiting)
+        need = self._pending_gpu_milli
+        if need > room * MILLI_PER_GPU and need > room * MILLI_PER_GPU + int(np.maximum(st.gpu_free, 0).sum()):
+            return False
+        todo.sort(key=_ffd_key)
+        usable: BoolArray | None = None
+        if self._gpu_failed:
+            usable = np.ones(len(st), dtype=bool)
+            usable[[sn.slot for sn in self._gpu_failed.values()]] = False
+        for sn in waiting:  # count the GPUs the device plugin will advertise
+            i = sn.slot
+            st.gpu_cap[i] = sn.gpu_count
+            st.gpu_free[i, : sn.gpu_count] = MILLI_PER_GPU
+            st.full_free[i] = sn.gpu_count
+            st.max_free[i] = MILLI_PER_GPU
+        taken: list[tuple[Request, Placement]] = []
+        try:
+            return self._first_fit(todo, in_flight, usable, taken)
+        finally:
+            for req, pl in reversed(taken):
+                st.release(req, pl)
+            for sn in waiting:
+                i = sn.slot
+                st.gpu_cap[i] = 0
+                st.gpu_free[i, :] = ABSENT_GPU
+                st.full_free[i] = 0
+                st.max_free[i] = ABSENT_GPU
+
+    def _first_fit(
+        self,
+        todo: Sequence[_SimPod],
+        in_flight: Collection[InFlightNode],
+        usable: BoolArray | None,
+        taken: list[tuple[Request, Placement]],
+    ) -> bool:
+        """Place ``todo`` in order, each on the first row with room; placements on the live state go to ``taken``."""
+        st = self._state
+        extra: ClusterState | None = None
+        tpls: list[_Template] = []
+        cursors: dict[tuple[object, ...], _Cursor] = {}
+        for sp in todo:
+            req = sp.pod.request
+            key = (req, sp.sig)
+            cur = cursors.get(key)
+            if cur is None:
+                ok = st.fits(req) & self._mask(sp.sig, sp.pod)
+                if usable is not None:
+                    ok &= usable
+                cur = cursors[key] = _Cursor(np.flatnonzero(ok))
+            live = cur.live
+            while cur.live_at < live.size and not st.fits_one(req, int(live[cur.live_at])):
+                cur.live_at += 1
+            if cur.live_at < live.size:
+                taken.append((req, st.place(req, int(live[cur.live_at]))))
+                continue
+            if not in_flight:
+                return False
+            if extra is None:
+                tpls = self._in_flight_templates(in_flight)
+                shapes = [NodeShape(f"_flight{i}", t.allocatable, t.gpu_model) for i, t in enumerate(tpls)]
+                extra = ClusterState(shapes, max_gpus=self._gmax)
+            if cur.extra is None:
+                pod = sp.pod
+                static = np.fromiter((static_fit(pod, t.labels, t.taints) is None for t in tpls), bool, len(tpls))
+                cur.extra = np.flatnonzero(extra.fits(req) & static)
+            rows = cur.extra
+            while cur.extra_at < rows.size and not extra.fits_one(req, int(rows[cur.extra_at])):
+                cur.extra_at += 1
+            if cur.extra_at >= rows.size:
+                return False
+            extra.place(req, int(rows[cur.extra_at]))
+        return True
+
+    def _in_flight_templates(self, in_flight: Collection[InFlightNode]) -> list[_Template]:
+        cache = self._templates
+        if len(cache) > 2 * len(in_flight) + 64:
+            names = {f.node.node_name for f in in_flight}
+            self._templates = cache = {k: v for k, v in cache.items() if k in names}
+        out: list[_Template] = []
+        for f in in_flight:
+            tpl = cache.get(f.node.node_name)
+            if tpl is None:
+                tpl = cache[f.node.node_name] = self._template(f.node, f.itype, f.taints, f.hourly_price)
+            out.append(tpl)
+        return out
 
     # ------------------------------------------------------------------------------------------- inspection
     def pending_count(self) -> int:
@@ -678,6 +855,10 @@ class SimCluster:
         """Every pending episode's length: finished ones, cancelled ones, and those still waiting (until now)."""
         t = self.engine.now() if now is None else now
         return [*self.pending_samples, *self._cancel_samples, *(t - sp.pending_since for sp in self._pending.values())]
+
+
+def _gpu_milli(pod: Pod) -> int:
+    return 0 if pod.is_daemonset else pod.request.gpu_demand_milli
 
 
 def _pdb_selects(pdb: PodDisruptionBudget, pod: Pod) -> bool:

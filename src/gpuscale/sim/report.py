@@ -7,9 +7,26 @@ Metric definitions:
   ``gpuUtilization`` is their ratio.
 * ``pendingP50s/P95s/P99s``: over every pending episode (arrival or re-pend after a disruption, until bound); pods
   still pending at the end, or dropped at their deadline, count with the time they waited.
-* ``duplicateLaunches``: nodes created twice for one request id (impossible by design) plus nodes bought that never
-  ran a pod (``unusedNodes``, launch and GPU-initialisation failures excluded): the cost of launching for pods that
-  were already covered.
+* ``duplicateLaunches``: nodes launched although the pods they were launched for were already covered:
+  ``cloud.duplicate_nodes`` (nodes created twice for one request id, impossible by design) plus
+  ``redundantLaunches``.
+* ``redundantLaunches``: nodes created by ``SimCloud.launch`` (idempotent replays create nothing) whose
+  ``LaunchRequest.pods`` named at least one pod pending at that moment, when at that moment every pending pod of the
+  cluster (DaemonSet pods excluded) could be placed, by first-fit-decreasing (largest GPU demand, then CPU, first),
+  into the free room of
+
+  - the registered nodes that take pods (not cordoned; nodes being deleted have already left the cluster), their
+    GPUs counted at the template capacity even while the device plugin has not advertised them, and
+  - the nodes launched but not registered yet, at their template allocatable, labels and taints,
+
+  not counting the node being launched, nor nodes whose launch or GPU initialisation failed. Placement uses the
+  scheduler's predicates (``core.predicates.static_fit``) and per-GPU milli accounting (``core.state.ClusterState``),
+  so fractions, selectors, affinity, taints and GPU models are honoured. Launches with no ``pods`` (``minNodes``,
+  replacements) are never redundant. Capacity in flight counts as capacity: a controller that launches for pods a
+  slow device plugin is still hiding scores here. The names are in ``SimCloud.redundant_nodes``.
+* ``unusedNodes``: nodes bought that never ran a pod (launch and GPU-initialisation failures excluded). Not a
+  duplicate count: in a busy cluster a node launched for a pending pod often stays empty because a running pod
+  completed meanwhile and the scheduler put the pending pod on the freed room.
 * ``failedLaunches``: launch calls that raised plus asynchronous launch failures.
 * ``disruptions``: pods that lost their node (eviction, node deletion, spot reclaim).
 * ``spotInterruptionsSurvived``: spot notices whose node was empty when it left the cluster.
@@ -149,7 +166,8 @@ def build_report(
         "pendingP99s": round(_pct(waits, 99), 3),
         "pendingMaxS": round(max(waits), 3) if waits else 0.0,
         "nodesLaunched": cc.nodes_launched,
-        "duplicateLaunches": cc.duplicate_nodes + len(unused),
+        "duplicateLaunches": cc.duplicate_nodes + cc.redundant_launches,
+        "redundantLaunches": cc.redundant_launches,
         "unusedNodes": len(unused),
         "failedLaunches": cc.failed_launches,
         "disruptions": kc.disruptions,
@@ -185,7 +203,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"  pending time        p50 {report['pendingP50s']:.0f} s · p95 {report['pendingP95s']:.0f} s"
         f" · p99 {report['pendingP99s']:.0f} s",
         f"  nodes launched      {report['nodesLaunched']} ({report['duplicateLaunches']} duplicate,"
-        f" {report['failedLaunches']} failed launches)",
+        f" {report['unusedNodes']} never used, {report['failedLaunches']} failed launches)",
         f"  disruptions         {report['disruptions']} pods",
         f"  spot interruptions  {report['spotInterruptions']} ({report['spotInterruptionsSurvived']} survived)",
         f"  pods                {report['podsArrived']} arrived, {report['podsCompleted']} completed,"

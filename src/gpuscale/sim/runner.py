@@ -60,6 +60,9 @@ class RunnerConfig:
     min_spacing_s: float = 1.0
     settle_s: float | None = None
     max_idle_interval_s: float = 3600.0
+    cloud_poll_s: float = 60.0
+    """Cloud state changes that are not provider events (a node became running, a deleted node is gone) are seen at
+    the next reconcile, at most this long later, as a controller polling the cloud API would see them."""
     record_series: bool = True
 
 
@@ -185,12 +188,14 @@ def run_simulation(
         now = engine.now()
         v = version()
         if v != seen_version:
+            watched = v[0] != seen_version[0] or cloud.has_events()
             seen_version = v
             last_change = now
             idle_step = interval
             if cfg.record_series:
                 series.record(now, cloud, cluster)
-            due = max(now, last_reconcile + interval)
+            # cluster changes and provider events wake the controller (watches); other cloud state is polled
+            due = max(now, last_reconcile + (interval if watched else max(interval, cfg.cloud_poll_s)))
             next_reconcile = due if next_reconcile is None else min(next_reconcile, due)
         reconcile_now = (next_reconcile is not None and now >= next_reconcile) or (wake is not None and now >= wake)
         if reconcile_now and now < end:

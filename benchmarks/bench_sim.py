@@ -1,0 +1,109 @@
+"""Controller and simulator targets, measured on shipped scenarios (``benchmarks/scenarios/``).
+
+Usage: ``.venv/bin/python benchmarks/bench_sim.py [replay] [burst] [compare] [--json OUT.json]`` (all three by default).
+
+* ``replay``: the openb default trace (8,152 pods, ~149 days) replayed with autoscaling by gpuscale: wall time
+  (target <= 10 s), reconciles, cost, pending percentiles.
+* ``burst``: 64 one-GPU pods on an empty cluster with a 120 s device-plugin delay: duplicate nodes (target 0).
+* ``compare``: the openb replay under gpuscale and the cluster-autoscaler-like baseline, plus the offline lower
+  bound: gpuscale at least 25 % cheaper than cluster-autoscaler with p95 pending time no worse, and within
+  1.15 x the lower bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuscale.sim.commands import simulate_policy
+from gpuscale.sim.policies import lower_bound
+from gpuscale.sim.scenario import load_scenario
+
+HERE = Path(__file__).resolve().parent / "scenarios"
+KEYS = ("costUsd", "pendingP50s", "pendingP95s", "pendingP99s", "nodesLaunched", "duplicateLaunches", "disruptions")
+
+
+def _verdict(ok: bool) -> str:
+    return "MET" if ok else "MISSED"
+
+
+def replay() -> dict[str, Any]:
+    """openb default under gpuscale: wall time."""
+    scenario = load_scenario(HERE / "openb-default.yaml")
+    work = scenario.arrivals()
+    t0 = time.perf_counter()
+    res = simulate_policy(scenario, "gpuscale", work)
+    wall = time.perf_counter() - t0
+    out = {"pods": len(work), "wallSeconds": round(wall, 2), "reconciles": res.reconciles}
+    out |= {k: res.report[k] for k in KEYS}
+    print(
+        f"replay  openb default: {len(work)} pods, {res.reconciles} reconciles in {wall:.2f} s wall "
+        f"(target <= 10 s: {_verdict(wall <= 10)})"
+    )
+    print(f"        cost ${res.report['costUsd']:,.2f}, p95 pending {res.report['pendingP95s']:.0f} s")
+    return out
+
+
+def burst() -> dict[str, Any]:
+    """Burst from zero with a slow device plugin: duplicate nodes."""
+    scenario = load_scenario(HERE / "burst-from-zero.yaml")
+    res = simulate_policy(scenario, "gpuscale")
+    r = res.report
+    out = {k: r[k] for k in ("nodesLaunched", "duplicateLaunches", "unusedNodes", "podsRunning", "pendingP95s")}
+    print(
+        f"burst   64 one-GPU pods, 120 s device plugin: {r['nodesLaunched']} nodes launched, "
+        f"{r['duplicateLaunches']} duplicate, {r['unusedNodes']} never used (target 0 duplicates: "
+        f"{_verdict(r['duplicateLaunches'] == 0)}), p95 pending {r['pendingP95s']:.0f} s"
+    )
+    return out
+
+
+def compare() -> dict[str, Any]:
+    """gpuscale vs the cluster-autoscaler-like baseline and the lower bound on the openb replay."""
+    scenario = load_scenario(HERE / "openb-default.yaml")
+    work = scenario.arrivals()
+    rows: dict[str, dict[str, Any]] = {}
+    for policy in ("gpuscale", "cluster-autoscaler", "karpenter"):
+        t0 = time.perf_counter()
+        res = simulate_policy(scenario, policy, work)
+        rows[policy] = {k: res.report[k] for k in KEYS} | {"wallSeconds": round(time.perf_counter() - t0, 2)}
+    t0 = time.perf_counter()
+    bound = lower_bound(work, scenario.pools, scenario.catalog)
+    rows["lower-bound"] = {"costUsd": round(bound, 2), "wallSeconds": round(time.perf_counter() - t0, 2)}
+    for name, row in rows.items():
+        extra = "" if name == "lower-bound" else f"  p95 {row['pendingP95s']:7.1f} s  nodes {row['nodesLaunched']}"
+        print(f"compare {name:20s} ${row['costUsd']:12,.2f}{extra}  ({row['wallSeconds']} s)")
+    g, ca = rows["gpuscale"], rows["cluster-autoscaler"]
+    saving = 1 - g["costUsd"] / ca["costUsd"]
+    ratio = g["costUsd"] / bound if bound > 0 else float("inf")
+    print(f"        gpuscale {saving:.1%} cheaper than cluster-autoscaler (target >= 25 %: {_verdict(saving >= 0.25)})")
+    print(
+        f"        p95 pending {g['pendingP95s']:.1f} s vs {ca['pendingP95s']:.1f} s "
+        f"(target no worse: {_verdict(g['pendingP95s'] <= ca['pendingP95s'])})"
+    )
+    print(f"        {ratio:.3f} x the offline lower bound (target <= 1.15: {_verdict(ratio <= 1.15)})")
+    return {"rows": rows, "savingVsClusterAutoscaler": round(saving, 4), "costOverLowerBound": round(ratio, 4)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("which", nargs="*", help="replay, burst, compare (default: all)")
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    args = parser.parse_args(argv)
+    runs = {"replay": replay, "burst": burst, "compare": compare}
+    which = args.which or list(runs)
+    unknown = [w for w in which if w not in runs]
+    if unknown:
+        parser.error(f"unknown benchmark {unknown[0]!r}; choose from {', '.join(runs)}")
+    out = {name: runs[name]() for name in which}
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
