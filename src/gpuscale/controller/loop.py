@@ -816,8 +816,13 @@ class Controller:
             return
         if not closed and not self._force_plan:
             return
-        if not virtual and not self._force_plan and {p.key for p in real} <= self._static_blocked:
-            return  # only pods no cluster change can help (too large, no matching pool): nothing to re-plan
+        # pods no cluster change can help (too large, no matching pool) keep their reason and are not re-planned
+        pending_keys = {p.key for p in real} | {p.key for p in virtual}
+        self._static_blocked &= pending_keys
+        real = [p for p in real if p.key not in self._static_blocked]
+        if not real and not virtual:
+            self._batch_start = None
+            return
         if not virtual and not self._force_plan and self._all_covered(real, w):
             return  # every pending pod already has room on a node in flight: re-planning cannot launch less
         signature = self._signature(real, virtual, w)
@@ -841,8 +846,7 @@ class Controller:
         self._last_plan_at = now
         self._planned_on_node = {k: v for k, v in plan.placements.items() if v in w.nodes}
         self._last_signature = self._signature(real, virtual, w)
-        pending_keys = {p.key for p in real} | {p.key for p in virtual}
-        self._static_blocked = {b.pod for b in plan.blocked if b.reason in _STATIC_BLOCKS}
+        self._static_blocked |= {b.pod for b in plan.blocked if b.reason in _STATIC_BLOCKS}
         for b in plan.blocked:
             self._report(f"pod/{b.pod}", str(b.reason), EventKind.BLOCKED, now, b.message)
         self._prune_reports(pending_keys)
@@ -925,7 +929,7 @@ class Controller:
                 # still billed and counted against maxNodes/limits, but takes no pods
                 nodes.append(replace(self._launching_node(key, c), launching=False, unschedulable=True))
         virtual_keys = {p.key for p in virtual}
-        pods = [p for p in w.pods if p.key not in virtual_keys] + list(virtual)
+        pods = [p for p in w.pods if p.key not in virtual_keys and p.key not in self._static_blocked] + list(virtual)
         return Snapshot(
             pods=tuple(pods),
             nodes=tuple(nodes),

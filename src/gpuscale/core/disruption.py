@@ -602,53 +602,6 @@ class _Sim:
         return st, left, dests
 
 
-def _load_all(state: ClusterState, pods_per_row: Sequence[Sequence[Pod]]) -> None:
-    """Account for the pods bound to every row at once (CPU, memory and pod slots vectorised)."""
-    n = len(pods_per_row)
-    cpu = np.zeros(n, dtype=np.int64)
-    mem = np.zeros(n, dtype=np.int64)
-    cnt = np.zeros(n, dtype=np.int64)
-    for i, pods in enumerate(pods_per_row):
-        if not pods:
-            continue
-        c = m = 0
-        gpu_pods = False
-        for p in pods:
-            r = p.request
-            c += r.cpu_milli
-            m += r.memory_mib
-            gpu_pods = gpu_pods or r.wants_gpu
-        cpu[i], mem[i], cnt[i] = c, m, len(pods)
-        if gpu_pods:
-            _load_gpus(state, i, pods)
-    state.cpu_free = np.maximum(0, state.cpu_free - cpu)
-    state.mem_free = np.maximum(0, state.mem_free - mem)
-    state.pods_free = np.maximum(0, state.pods_free - cnt)
-
-
-def _load_gpus(state: ClusterState, i: int, pods: Iterable[Pod]) -> None:
-    """The GPU part of :func:`_load` for row ``i``."""
-    whole = 0
-    fractions: list[Request] = []
-    for p in pods:
-        whole += p.request.gpus
-        if p.request.gpu_milli:
-            fractions.append(p.request)
-    row = state.gpu_free[i]
-    if whole:
-        row[np.flatnonzero(row == MILLI_PER_GPU)[:whole]] = 0
-    for r in fractions:  # best fit within the node, as ClusterState.choose_gpus does
-        m = r.gpu_milli
-        fit = np.where(row >= m, row, MILLI_PER_GPU + 1)
-        g = int(np.argmin(fit))
-        if row[g] < m:  # overcommitted: take what is left on the freest GPU
-            g = int(np.argmax(row))
-        if row[g] > 0:
-            row[g] = max(0, int(row[g]) - m)
-    state.full_free[i] = int((row == MILLI_PER_GPU).sum())
-    state.max_free[i] = int(row.max())
-
-
 def _best_fit(st: ClusterState, req: Request, rows: np.typing.NDArray[np.int64]) -> int:
     gcap = np.maximum(st.gpu_cap[rows] * MILLI_PER_GPU, 1)
     score = (
@@ -754,7 +707,7 @@ def plan_disruption(
         """The destination nodes' free capacity (built only once a candidate passes the cheap checks)."""
         if not lazy:
             state = ClusterState([NodeShape(n.name, n.allocatable, n.gpu_model) for n in dest])
-            _load_all(state, [by_node.get(n.name, ()) for n in dest])
+            state.occupy_all([[p.request for p in by_node.get(n.name, ())] for n in dest])
             usable = np.ones(len(dest), dtype=bool)
             usable[list(removed_rows)] = False
             lazy.append(_Sim(dest, state, usable))

@@ -307,9 +307,11 @@ class Planner:
                 else Resources(n.allocatable.cpu_milli, n.allocatable.memory_mib, n.allocatable.gpus, 0)
             )
             pool_usage[n.pool] = pool_usage.get(n.pool, Resources(pods=0)) + cap
+        bound: list[list[Request]] = [[] for _ in self.nodes]
         for pod in sorted(self.snapshot.pods, key=lambda p: p.key):
             if pod.node_name is not None and pod.phase in ("Pending", "Running") and pod.node_name in self.node_index:
-                state.occupy(pod.request, self.node_index[pod.node_name])
+                bound[self.node_index[pod.node_name]].append(pod.request)
+        state.occupy_all(bound)
         scoring_requests = [p.request for p in self.snapshot.pods if p.phase in ("Pending", "Running")]
         self.scorer.prepare(state, Workload.from_requests(scoring_requests) if scoring_requests else None)
         return Context(state, pool_nodes, pool_usage, [], {}, [])

@@ -169,6 +169,49 @@ class ClusterState:
         self._refresh(i)
         return Placement(i, tuple(taken))
 
+    def occupy_all(self, requests_per_row: Sequence[Sequence[Request]]) -> None:
+        """Account for the pods already bound to every row at once (fast path of :meth:`occupy` for many pods).
+
+        CPU, memory and pod slots are vectorised; per row, whole GPUs take the lowest entirely free GPUs, then each
+        fraction the best-fitting GPU (the freest one when the node is overcommitted). Free values never go below 0.
+        """
+        n = len(self.names)
+        cpu = np.zeros(n, dtype=np.int64)
+        mem = np.zeros(n, dtype=np.int64)
+        cnt = np.zeros(n, dtype=np.int64)
+        for i, reqs in enumerate(requests_per_row):
+            if not reqs:
+                continue
+            c = m = whole = 0
+            fractions: list[int] = []
+            for r in reqs:
+                c += r.cpu_milli
+                m += r.memory_mib
+                whole += r.gpus
+                if r.gpu_milli:
+                    fractions.append(r.gpu_milli)
+            cpu[i], mem[i], cnt[i] = c, m, len(reqs)
+            if whole or fractions:
+                row = self.gpu_free[i]
+                if whole:
+                    free = np.flatnonzero(row == MILLI_PER_GPU)
+                    row[free[:whole]] = 0
+                    short = whole - min(whole, free.size)
+                    if short:  # overcommitted: take the freest of what is left
+                        for g in np.argsort(-row, kind="stable")[:short]:
+                            row[g] = 0 if row[g] > 0 else row[g]
+                for milli in fractions:
+                    fit = np.where(row >= milli, row, MILLI_PER_GPU + 1)
+                    g = int(np.argmin(fit))
+                    if row[g] < milli:
+                        g = int(np.argmax(row))
+                    if row[g] > 0:
+                        row[g] = max(0, int(row[g]) - milli)
+                self._refresh(i)
+        self.cpu_free = np.maximum(0, self.cpu_free - cpu)
+        self.mem_free = np.maximum(0, self.mem_free - mem)
+        self.pods_free = np.maximum(0, self.pods_free - cnt)
+
     def release(self, req: Request, placement: Placement) -> None:
         """Give back what :meth:`place` took."""
         i = placement.node
