@@ -393,14 +393,16 @@ class Controller:
         self._last_signature: object = None
         self._last_plan: ScaleUpPlan | None = None
         self._planned_on_node: dict[str, str] = {}
-        self._class_cache: dict[str, tuple[object, DisruptionReason | None]] = {}
+        self._class_cache: dict[str, DisruptionReason | None] = {}
         self._unlisted: set[str] = set()
         self._static_blocked: set[str] = set()
         self._last_disruption_at = -math.inf
         self._disruption_skipped = False
         self._disruption_signature: object = None
         self._futile: dict[str, tuple[frozenset[str], float]] = {}
-        self._room_state: tuple[frozenset[tuple[str, str]], frozenset[object], frozenset[str], frozenset[object]] = (
+        self._room_state: tuple[
+            frozenset[tuple[str, str]], frozenset[tuple[str, Resources]], frozenset[str], frozenset[OfferingKey]
+        ] = (
             frozenset(),
             frozenset(),
             frozenset(),
@@ -1307,6 +1309,7 @@ class Controller:
         changed = disrupting != prev_disrupting or unavailable_now != prev_unavailable
         changed = changed or (bool(w.pdbs) and bound != prev_bound)
         grown = {node for _, node in prev_bound - bound} | {name for name, _ in room - prev_room}
+        touched = {node for _, node in prev_bound ^ bound} | {name for name, _ in room ^ prev_room}
         self._room_state = (bound, room, frozenset(disrupting), unavailable_now)
         self._futile = {
             n: (pods, until)
@@ -1319,7 +1322,7 @@ class Controller:
         }
         resting = set(self._futile)
         # Start consolidateAfter clocks (cheap); simulate only when some candidate's clock has run out.
-        classes = self._classify(candidates, w)
+        classes = self._classify(candidates, w, touched)
         self._since = {n: self._since.get(n, now) for n in classes}
         due = [
             n
@@ -1431,33 +1434,28 @@ class Controller:
                     now, EventKind.CONSOLIDATE, f"node/{action.node}", str(action.reason), action.message, **data
                 )
 
-    def _classify(self, candidates: set[str], w: _World) -> dict[str, DisruptionReason]:
-        """Candidate reason per node (memoised per node on what the classification reads)."""
+    def _classify(self, candidates: set[str], w: _World, touched: set[str]) -> dict[str, DisruptionReason]:
+        """Candidate reason per node, recomputed only for nodes whose pods or capacity changed (``touched``) or that
+        just became candidates; measured-utilisation pools are recomputed every time."""
+        measured = any(p.disruption.use_measured_gpu_utilization for p in self.pools.values())
+        redo = {n for n in candidates if measured or n in touched or n not in self._class_cache}
         by_node: dict[str, list[Pod]] = {}
-        for p in w.pods:
-            if p.node_name in candidates:
-                by_node.setdefault(p.node_name, []).append(p)
-        cache: dict[str, tuple[object, DisruptionReason | None]] = {}
+        if redo:
+            for p in w.pods:
+                if p.node_name in redo:
+                    by_node.setdefault(p.node_name, []).append(p)
+        cache: dict[str, DisruptionReason | None] = {}
         out: dict[str, DisruptionReason] = {}
         for name in candidates:
-            n = w.nodes.get(name)
-            pool = self.pools.get(n.pool or "") if n is not None else None
-            if n is None or pool is None or n.unschedulable or n.launching:
-                continue
-            pods = by_node.get(name, [])
-            lab = n.labels
-            key = (
-                n.allocatable,
-                lab.get(L.INSTANCE_TYPE),
-                lab.get(L.ZONE),
-                lab.get(L.CAPACITY_TYPE),
-                lab.get(SPOT_FALLBACK_LABEL),
-                frozenset((p.key, p.phase) for p in pods),
-                w.utilization.get(name) if pool.disruption.use_measured_gpu_utilization else None,
-            )
-            hit = self._class_cache.get(name)
-            why = hit[1] if hit is not None and hit[0] == key else classify_node(n, pool, pods, w.utilization)
-            cache[name] = (key, why)
+            if name in redo:
+                n = w.nodes.get(name)
+                pool = self.pools.get(n.pool or "") if n is not None else None
+                if n is None or pool is None or n.unschedulable or n.launching:
+                    continue
+                why = classify_node(n, pool, by_node.get(name, []), w.utilization)
+            else:
+                why = self._class_cache[name]
+            cache[name] = why
             if why is not None:
                 out[name] = why
         self._class_cache = cache
