@@ -136,3 +136,21 @@ def test_bad_scenario_field_names_the_line_and_field(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["simulate", str(bad)])
     assert res.exit_code == 2
     assert "workload" in res.stderr and "count" in res.stderr and "bad.yaml" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field"),
+    [
+        ("name: gpuscale", "name: gpuscale\n  scorer: magic", "policy.scorer"),
+        ("name: gpuscale", "name: gpuscale\n  batchIdle: soon", "policy.batchIdle"),
+        ("name: gpuscale", "name: gpuscale\n  consolidation: maybe", "policy.consolidation"),
+    ],
+)
+def test_bad_policy_settings_are_clear_errors(tmp_path: Path, old: str, new: str, field: str) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(SCENARIO.replace(old, new))
+    for command in ("simulate", "compare"):
+        res = CliRunner().invoke(main, [command, str(bad)])
+        assert res.exit_code == 2, res.output
+        assert field in res.stderr and "bad.yaml:" in res.stderr
+        assert "Traceback" not in res.output + res.stderr

@@ -51,6 +51,7 @@ class InputError(GpuscaleError):
     """Bad user input. ``where`` names the document and field path, ``value`` the offending value."""
 
     def __init__(self, message: str, *, where: str = "", value: object = None, fix: str = "") -> None:
+        self.reason = message
         self.where = where
         self.value = value
         self.fix = fix

@@ -77,6 +77,7 @@ from gpuscale.core.nodeclaim import (
 from gpuscale.core.plan import BlockReason, PlannerConfig, ScaleUpPlan
 from gpuscale.core.predicates import static_fit
 from gpuscale.core.resources import MILLI_PER_GPU, Resources
+from gpuscale.core.scoring import SCORERS
 from gpuscale.core.templates import template_allocatable, template_labels
 from gpuscale.errors import (
     CapacityError,
@@ -199,6 +200,8 @@ class ControllerConfig:
                     raise InputError("must be a non-empty string", where=path, value=value, fix='e.g. "gs"')
                 kw["request_id_prefix"] = value
             elif key == "scorer":
+                if value not in SCORERS:
+                    raise InputError("unknown scorer", where=path, value=value, fix=f"use one of {', '.join(SCORERS)}")
                 planner["scorer"] = str(value)
             elif key == "exactSolver":
                 planner["exact_solver"] = _bool(value, path)
@@ -219,6 +222,7 @@ class ControllerConfig:
                     "deadlines",
                     "poolDeadlines",
                     "name",
+                    "settle",
                     "reconcileInterval",
                 ]
                 raise InputError("unknown policy setting", where=path, value=key, fix=f"use one of {', '.join(known)}")

@@ -4,14 +4,15 @@ The controller is any object with ``reconcile() -> None``, built by ``controller
 arguments ``backend`` (the :class:`SimCluster`), ``provider`` (the :class:`SimCloud`), ``pools``, ``catalog``,
 ``clock`` (the virtual clock) and ``config`` (the scenario's ``policy`` mapping). It may also define
 ``next_wakeup() -> float | None``: the virtual time of its next timer (batch window closing, ``consolidateAfter``
-expiring, a deadline, a back-off). Then the driver reconciles exactly when the cluster or cloud changed (at most
-once per ``reconcile_interval_s``) or a timer is due (on time), and an idle month costs nothing. A wakeup already
+expiring, a deadline, a back-off). Then the driver reconciles when the cluster changed or the provider has events
+(at most once per ``reconcile_interval_s``; other cloud state is polled, see ``RunnerConfig.cloud_poll_s``) or a
+timer is due (on time), and an idle month costs nothing. A wakeup already
 in the past is honoured at the next interval (the controller says it is overdue), so a controller that keeps
 returning one is polled every interval. Without ``next_wakeup`` the driver keeps reconciling every interval for
 ``settle_s`` after each change, then backs off exponentially while pods are pending.
 
-A controller that raises :class:`ControllerCrash` from ``reconcile`` (crash-safety tests raise it from the cloud's
-or cluster's hooks) is thrown away and rebuilt by the factory from the cluster and cloud state alone.
+A controller that raises :class:`ControllerCrash` from ``reconcile`` (crash-safety tests raise it from wrappers
+around the cloud and the cluster) is thrown away and rebuilt by the factory from the cluster and cloud state alone.
 """
 
 from __future__ import annotations

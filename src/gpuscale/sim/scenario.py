@@ -52,6 +52,7 @@ import yaml
 
 from gpuscale.catalogs import load_catalog
 from gpuscale.controller.backend import PodDisruptionBudget
+from gpuscale.controller.loop import ControllerConfig
 from gpuscale.core.model import CapacityType, Catalog, NodePool, Toleration
 from gpuscale.core.scoring import SCORERS
 from gpuscale.errors import InputError
@@ -366,6 +367,10 @@ def parse_scenario(
     if interval <= 0:
         raise v.fail("policy.reconcileInterval", "must be positive", policy.get("reconcileInterval"))
     settle = v.duration(policy["settle"], "policy.settle") if policy.get("settle") is not None else None
+    try:  # every policy runs the gpuscale controller loop: its settings are checked here, with the file's lines
+        ControllerConfig.from_policy(policy)
+    except InputError as exc:
+        raise v.fail(exc.where or "policy", exc.reason, exc.value, exc.fix) from None
     return Scenario(
         name=v.string(top.get("name"), "name") or Path(source).stem,
         seed=seed,
