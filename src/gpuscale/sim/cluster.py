@@ -34,6 +34,7 @@ import numpy as np
 
 from gpuscale.controller.backend import Event, PodDisruptionBudget
 from gpuscale.core import labels as L
+from gpuscale.core.disruption import do_not_disrupt
 from gpuscale.core.model import Catalog, InstanceType, Node, NodePool, Offering, Pod, Taint
 from gpuscale.core.nodeclaim import REQUEST_ID_LABEL
 from gpuscale.core.predicates import static_fit
@@ -591,7 +592,7 @@ class SimCluster:
         self._pending_gpu_milli += _gpu_milli(sp.pod)
         self._new_pending.add(sp.pod.key)
         self.counters.disruptions += 1
-        if by_controller and sp.pod.annotations.get(L.DO_NOT_DISRUPT_ANNOTATION) == "true":
+        if by_controller and do_not_disrupt(sp.pod):
             self.counters.do_not_disrupt_violations += 1
         self._record("PodDisrupted", f"pod/{sp.pod.key}", reason, f"lost its place on {node.name}")
 
