@@ -1,6 +1,7 @@
 """Autoscaling policies the simulator can compare, all built on the same simulated cluster and cloud.
 
-* ``gpuscale``: the gpuscale controller with the scenario's pools and policy.
+* ``gpuscale``: the gpuscale controller with the scenario's pools and policy
+  (:func:`gpuscale.controller.loop.make_controller`).
 * ``cluster-autoscaler``: cluster-autoscaler-like. One instance type per node group (each pool is split into one
   group per instance type), the *least-waste* expander (the group that leaves the least idle GPU, then CPU, after
   scale-up), and scale-down of nodes below 50 % GPU requests for 10 minutes whose pods fit elsewhere (no replacement
@@ -21,7 +22,7 @@ from typing import Any
 
 from gpuscale.clock import Clock
 from gpuscale.controller.backend import ClusterBackend
-from gpuscale.controller.loop import Controller, ControllerConfig
+from gpuscale.controller.loop import Controller, ControllerConfig, make_controller
 from gpuscale.core.bounds import Interval, cost_lower_bound
 from gpuscale.core.model import Catalog, ConsolidationPolicy, Disruption, NodePool, Pod, Snapshot
 from gpuscale.core.plan import BlockReason, Launch, PlannerConfig, ScaleUpPlan
@@ -37,19 +38,6 @@ Factory = Callable[..., Any]
 
 def _config(config: Mapping[str, Any] | None) -> ControllerConfig:
     return ControllerConfig.from_policy(config)
-
-
-def gpuscale_factory(
-    *,
-    backend: ClusterBackend,
-    provider: Provider,
-    pools: Sequence[NodePool],
-    catalog: Catalog,
-    clock: Clock,
-    config: Mapping[str, Any] | None = None,
-) -> Controller:
-    """The gpuscale controller, as configured by the scenario."""
-    return Controller(backend, provider, pools, catalog, clock, _config(config))
 
 
 # ------------------------------------------------------------------------------------------------ cluster-autoscaler
@@ -261,7 +249,7 @@ def static_peak_factory(arrivals: Sequence[Arrival]) -> Factory:
 def factory_for(name: str, arrivals: Sequence[Arrival]) -> Factory:
     """The controller factory of a policy by name."""
     if name == "gpuscale":
-        return gpuscale_factory
+        return make_controller
     if name == "cluster-autoscaler":
         return cluster_autoscaler_factory
     if name == "karpenter":
