@@ -45,6 +45,7 @@ from gpuscale.core.disruption import (
     PodDisruptionBudget,
     classify_node,
     do_not_disrupt,
+    free_room,
     pdb_allowances,
     plan_disruption,
     pool_offerings,
@@ -76,7 +77,7 @@ from gpuscale.core.nodeclaim import (
 )
 from gpuscale.core.plan import BlockReason, PlannerConfig, ScaleUpPlan
 from gpuscale.core.predicates import static_fit
-from gpuscale.core.resources import MILLI_PER_GPU, Resources
+from gpuscale.core.resources import Resources
 from gpuscale.core.scoring import SCORERS
 from gpuscale.core.templates import template_allocatable, template_labels
 from gpuscale.errors import (
@@ -1298,10 +1299,14 @@ class Controller:
             for c in self.claims.values()
             if c.node_name and c.phase in (ClaimPhase.DRAINING, ClaimPhase.DELETING, ClaimPhase.FAILED)
         } | set(self._replacements)
-        on_node: dict[str, set[str]] = {}
+        by_node: dict[str, list[Pod]] = {}
         for p in w.pods:
             if p.node_name is not None:
-                on_node.setdefault(p.node_name, set()).add(p.key)
+                by_node.setdefault(p.node_name, []).append(p)
+
+        def on_node(name: str) -> frozenset[str]:
+            return frozenset(p.key for p in by_node.get(name, ()))
+
         # A node kept for a reason only a cluster change can lift (its pods fit nowhere, budgets, PDBs, ...) is not
         # simulated again until something that could lift it changes: room appears (a pod leaves a node, a node
         # joins or gains GPUs), a disruption finishes, offerings change, its own pods change, or the retry period
@@ -1321,12 +1326,12 @@ class Controller:
             if not changed
             and until > now
             and n in candidates
-            and pods == frozenset(on_node.get(n, ()))
-            and not self._may_move_to(pods, grown - {n}, w)
+            and pods == on_node(n)
+            and not self._may_move_to(pods, grown - {n}, w, by_node)
         }
         resting = set(self._futile)
         # Start consolidateAfter clocks (cheap); simulate only when some candidate's clock has run out.
-        classes = self._classify(candidates, w, touched)
+        classes = self._classify(candidates, w, touched, by_node)
         self._since = {n: self._since.get(n, now) for n in classes}
         due = [
             n
@@ -1394,7 +1399,7 @@ class Controller:
         self._since.update(dp.since)
         for kept in dp.kept:
             if kept.reason is not KeepReason.WAITING and kept.node not in protected:
-                pods_now = frozenset(on_node.get(kept.node, ()))
+                pods_now = on_node(kept.node)
                 self._futile[kept.node] = (pods_now, now + self.config.consolidation_retry_s)
             if kept.reason is not KeepReason.WAITING:
                 self._report(f"node/{kept.node}", str(kept.reason), EventKind.DISRUPTION_BLOCKED, now, kept.message)
@@ -1438,16 +1443,13 @@ class Controller:
                     now, EventKind.CONSOLIDATE, f"node/{action.node}", str(action.reason), action.message, **data
                 )
 
-    def _classify(self, candidates: set[str], w: _World, touched: set[str]) -> dict[str, DisruptionReason]:
+    def _classify(
+        self, candidates: set[str], w: _World, touched: set[str], by_node: Mapping[str, Sequence[Pod]]
+    ) -> dict[str, DisruptionReason]:
         """Candidate reason per node, recomputed only for nodes whose pods or capacity changed (``touched``) or that
         just became candidates; measured-utilisation pools are recomputed every time."""
         measured = any(p.disruption.use_measured_gpu_utilization for p in self.pools.values())
         redo = {n for n in candidates if measured or n in touched or n not in self._class_cache}
-        by_node: dict[str, list[Pod]] = {}
-        if redo:
-            for p in w.pods:
-                if p.node_name in redo:
-                    by_node.setdefault(p.node_name, []).append(p)
         cache: dict[str, DisruptionReason | None] = {}
         out: dict[str, DisruptionReason] = {}
         for name in candidates:
@@ -1465,7 +1467,9 @@ class Controller:
         self._class_cache = cache
         return out
 
-    def _may_move_to(self, pod_keys: frozenset[str], targets: set[str], w: _World) -> bool:
+    def _may_move_to(
+        self, pod_keys: frozenset[str], targets: set[str], w: _World, by_node: Mapping[str, Sequence[Pod]]
+    ) -> bool:
         """True if any of the pods might fit on any of ``targets`` (an over-estimate: total free GPU, CPU, memory).
 
         Room that grew only on nodes none of a node's pods fit leaves the outcome of re-simulating it unchanged.
@@ -1473,22 +1477,15 @@ class Controller:
         nodes = [w.nodes[t] for t in targets if t in w.nodes and not w.nodes[t].unschedulable]
         if not nodes or not pod_keys:
             return False
-        by_key = {p.key: p for p in w.pods if p.key in pod_keys}
-        used: dict[str, list[int]] = {n.name: [0, 0, 0] for n in nodes}
-        for p in w.pods:
-            u = used.get(p.node_name or "")
-            if u is not None:
-                u[0] += p.request.cpu_milli
-                u[1] += p.request.memory_mib
-                u[2] += p.request.gpu_demand_milli
+        movers = [p for p in w.pods if p.key in pod_keys]
         for n in nodes:
-            a, u = n.allocatable, used[n.name]
-            for p in by_key.values():
+            cpu, mem, gpu, _ = free_room(n, by_node.get(n.name, ()))
+            for p in movers:
                 r = p.request
                 if (
-                    r.cpu_milli <= a.cpu_milli - u[0]
-                    and r.memory_mib <= a.memory_mib - u[1]
-                    and r.gpu_demand_milli <= a.gpus * MILLI_PER_GPU - u[2]
+                    r.cpu_milli <= cpu
+                    and r.memory_mib <= mem
+                    and r.gpu_demand_milli <= gpu
                     and static_fit(p, n.labels, n.taints) is None
                 ):
                     return True

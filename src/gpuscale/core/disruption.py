@@ -489,6 +489,19 @@ def _live(p: Pod) -> bool:
     return p.phase in ("Pending", "Running") or p.phase == ""
 
 
+def free_room(node: Node, pods: Iterable[Pod]) -> tuple[int, int, int, int]:
+    """(CPU milli, memory MiB, milli-GPU over all GPUs, pod slots) left on ``node`` by ``pods``' requests; negative
+    when the node is overcommitted. A per-node total: an upper bound on what one more pod can get."""
+    cpu = mem = gpu = count = 0
+    for p in pods:
+        cpu += p.request.cpu_milli
+        mem += p.request.memory_mib
+        gpu += p.request.gpu_demand_milli
+        count += 1
+    a = node.allocatable
+    return a.cpu_milli - cpu, a.memory_mib - mem, a.gpus * MILLI_PER_GPU - gpu, a.pods - count
+
+
 def request_share(node: Node, pods: Sequence[Pod]) -> float:
     """Requested share of the node: GPU share on GPU nodes, else the larger of CPU and memory share."""
     a = node.allocatable
@@ -527,38 +540,12 @@ def _classify(
 def classify_node(
     node: Node, pool: NodePool, pods: Sequence[Pod], utilization: Mapping[str, float] | None = None
 ) -> DisruptionReason | None:
-    """Why ``node`` (of ``pool``, running ``pods``) is a disruption candidate, or None (see :func:`classify_nodes`)."""
+    """Why ``node`` (of ``pool``, running ``pods``) is a disruption candidate (empty, drifted, underutilised), or None.
+
+    The cheap first step of :func:`plan_disruption`, which callers use to start ``consolidateAfter`` clocks without
+    simulating anything."""
     cls = _classify(node, pool, _workload(p for p in pods if _live(p)), utilization or {})
     return cls[0] if cls is not None else None
-
-
-def classify_nodes(
-    nodes: Iterable[Node],
-    pods: Iterable[Pod],
-    pools: Sequence[NodePool],
-    *,
-    candidates: Collection[str] | None = None,
-    utilization: Mapping[str, float] | None = None,
-) -> dict[str, DisruptionReason]:
-    """Why each schedulable, non-launching node of a managed pool is a disruption candidate (empty, drifted,
-    underutilised); nodes that are not candidates are left out. The cheap first step of :func:`plan_disruption`,
-    which callers use to start ``consolidateAfter`` clocks without simulating anything."""
-    pool_by_name = {p.name: p for p in pools}
-    by_node: dict[str, list[Pod]] = {}
-    for p in pods:
-        if p.node_name is not None and _live(p):
-            by_node.setdefault(p.node_name, []).append(p)
-    out: dict[str, DisruptionReason] = {}
-    for n in nodes:
-        if n.launching or n.unschedulable or (candidates is not None and n.name not in candidates):
-            continue
-        pool = pool_by_name.get(n.pool or "")
-        if pool is None:
-            continue
-        cls = _classify(n, pool, _workload(by_node.get(n.name, ())), utilization or {})
-        if cls is not None:
-            out[n.name] = cls[0]
-    return out
 
 
 def _sort_pods(pods: Iterable[Pod]) -> list[Pod]:
@@ -681,16 +668,7 @@ def plan_disruption(
     lazy: list[_Sim] = []
     removed_rows: set[int] = set()
     # Free room per destination and in total: an upper bound that rules out most hopeless moves without simulating.
-    free_of: dict[str, tuple[int, int, int, int]] = {}
-    for n in dest:
-        a = n.allocatable
-        on = by_node.get(n.name, ())
-        free_of[n.name] = (
-            a.cpu_milli - sum(p.request.cpu_milli for p in on),
-            a.memory_mib - sum(p.request.memory_mib for p in on),
-            a.gpus * MILLI_PER_GPU - sum(p.request.gpu_demand_milli for p in on),
-            a.pods - len(on),
-        )
+    free_of = {n.name: free_room(n, by_node.get(n.name, ())) for n in dest}
     free_total = tuple(sum(max(0, f[k]) for f in free_of.values()) for k in range(4))
 
     def may_fit_elsewhere(n: Node, wl: Sequence[Pod]) -> bool:
