@@ -396,7 +396,6 @@ class Controller:
         self._force_plan = False
         self._last_plan_at = -math.inf
         self._last_signature: object = None
-        self._last_plan: ScaleUpPlan | None = None
         self._planned_on_node: dict[str, str] = {}
         self._class_cache: dict[str, DisruptionReason | None] = {}
         self._unlisted: set[str] = set()
@@ -817,7 +816,6 @@ class Controller:
         closed = self._update_batch(real, now)
         if not real and not virtual:
             self._batch_start = None
-            self._last_plan = None
             self._planned_on_node = {}
             self._prune_reports(set())
             return
@@ -849,7 +847,6 @@ class Controller:
             if not self._execute_plan(plan, w, result):
                 break
         assert plan is not None
-        self._last_plan = plan
         self._last_plan_at = now
         self._planned_on_node = {k: v for k, v in plan.placements.items() if v in w.nodes}
         self._last_signature = self._signature(real, virtual, w)
