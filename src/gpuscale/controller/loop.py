@@ -65,6 +65,7 @@ from gpuscale.core.model import (
 from gpuscale.core.nodeclaim import (
     DEFAULT_DEADLINES,
     REQUEST_ID_LABEL,
+    TIMED_PHASES,
     ClaimEvent,
     ClaimPhase,
     Deadlines,
@@ -463,10 +464,14 @@ class Controller:
         times: list[float] = []
         if self._batch_start is not None:
             times.append(min(self._batch_last + self.config.batch_idle_s, self._batch_start + self.config.batch_max_s))
+        pool_of: dict[str, str] = {}
         for c in self.claims.values():
-            t = deadline(c)
-            if t is not None:
-                times.append(t + 1e-6)
+            if c.node_name:
+                pool_of.setdefault(c.node_name, c.pool)
+            if c.phase in TIMED_PHASES:
+                t = deadline(c)
+                if t is not None:
+                    times.append(t + 1e-6)
         for key in self._unlisted:
             unlisted = self.claims.get(key)
             if unlisted is not None and unlisted.phase is ClaimPhase.LAUNCHED:
@@ -479,7 +484,7 @@ class Controller:
             times += self.unavailable.values()
             times += self._spot_fallback_until.values()
         for name, t in self._since.items():
-            pool = self._pool_of_node(name)
+            pool = self.pools.get(pool_of.get(name, ""))
             if pool is not None:
                 times.append(t + pool.disruption.consolidate_after_s)
         if self._disruption_skipped:
@@ -568,6 +573,7 @@ class Controller:
         self._delete_retry_at.pop(key, None)
         if claim.node_name:
             self._since.pop(claim.node_name, None)
+            self._reported.pop(f"node/{claim.node_name}", None)
 
     def _adopt(self, key: str, cn: CloudNode, w: _World) -> NodeClaim:
         now = w.now
@@ -614,6 +620,8 @@ class Controller:
         return claim
 
     def _advance(self, claim: NodeClaim, w: _World) -> NodeClaim:
+        if claim.node_name and claim.phase not in (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED):
+            return claim
         node = self._backend_node(claim, w)
         if node is None:
             return claim
@@ -723,7 +731,7 @@ class Controller:
     def _check_deadlines(self, w: _World) -> None:
         now = w.now
         for key, c in list(self.claims.items()):
-            if not expired(c, now):
+            if c.phase not in TIMED_PHASES or not expired(c, now):
                 continue
             ev = timeout_event(c)
             assert ev is not None
@@ -1599,9 +1607,10 @@ class Controller:
         self._record(now, kind, obj, reason, message)
 
     def _prune_reports(self, pending: set[str]) -> None:
-        self._reported = {
-            k: v for k, v in self._reported.items() if not k.startswith("pod/") or k[len("pod/") :] in pending
-        }
+        """Forget reasons reported for pods that are no longer pending (so a new blockage is reported again)."""
+        gone = [k for k in self._reported if k.startswith("pod/") and k[len("pod/") :] not in pending]
+        for k in gone:
+            del self._reported[k]
 
 
 def make_controller(

@@ -251,6 +251,8 @@ _TIMEOUTS: Mapping[ClaimPhase, ClaimEvent] = {
     P.LAUNCHED: E.REGISTRATION_TIMEOUT,
     P.REGISTERED: E.GPU_INIT_TIMEOUT,
 }
+TIMED_PHASES: frozenset[ClaimPhase] = frozenset(_TIMEOUTS)
+"""The phases that time out (every other phase has no deadline)."""
 
 
 def deadline(claim: NodeClaim) -> float | None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpuscale.core import labels as L
-from gpuscale.core.model import InstanceType, Node, NodePool, Offering, OfferingKey, Pod, Snapshot, Taint
+from gpuscale.core.model import Catalog, InstanceType, Node, NodePool, Offering, OfferingKey, Pod, Snapshot, Taint
 from gpuscale.core.plan import Blocked, BlockReason, Launch, PlannerConfig, ScaleUpPlan
 from gpuscale.core.predicates import FitFailure, FitFailureKind, static_failure
 from gpuscale.core.resources import MILLI_PER_GPU, Request, Resources
@@ -63,7 +63,28 @@ class Option:
 
 
 def build_options(snapshot: Snapshot, now: float) -> list[Option]:
-    """Every option of every pool, sorted by price then names (deterministic)."""
+    """Every option of every pool, sorted by price then names (deterministic).
+
+    Memoised per (pools, catalog) objects and the offerings unavailable at ``now``: a controller asks again and
+    again with the same pools.
+    """
+    pools = tuple(snapshot.pools)
+    blocked = frozenset((k, v) for k, v in snapshot.unavailable.items() if v > now)
+    key = (tuple(id(p) for p in pools), id(snapshot.catalog), blocked)
+    hit = _OPTIONS.get(key)
+    if hit is not None and hit[1] is snapshot.catalog and all(a is b for a, b in zip(hit[0], pools, strict=True)):
+        return list(hit[2])
+    result = _build_options(snapshot, now)
+    if len(_OPTIONS) > 256:
+        _OPTIONS.clear()
+    _OPTIONS[key] = (pools, snapshot.catalog, tuple(result))
+    return result
+
+
+_OPTIONS: dict[tuple[object, ...], tuple[tuple[NodePool, ...], Catalog, tuple[Option, ...]]] = {}
+
+
+def _build_options(snapshot: Snapshot, now: float) -> list[Option]:
     out: list[Option] = []
     for pool in sorted(snapshot.pools, key=lambda p: p.name):
         for t in pool_templates(pool, snapshot.catalog):

@@ -123,12 +123,11 @@ class ClusterState:
         Whole GPUs: the lowest-indexed entirely free GPUs. A fraction: the GPU with the least free milli-GPU that
         still fits it (best fit within the node), so whole GPUs stay free for whole-GPU pods.
         """
-        row = self.gpu_free[i]
         if req.gpus:
-            return tuple(int(x) for x in np.flatnonzero(row == MILLI_PER_GPU)[: req.gpus])
+            row = self.gpu_free[i].tolist()
+            return tuple([g for g, v in enumerate(row) if v == MILLI_PER_GPU][: req.gpus])
         if req.gpu_milli:
-            cand = np.where(row >= req.gpu_milli, row, MILLI_PER_GPU + 1)
-            return (int(np.argmin(cand)),)
+            return (_best_gpu(self.gpu_free[i].tolist(), req.gpu_milli),)
         return ()
 
     def place(self, req: Request, i: int) -> Placement:
@@ -176,9 +175,9 @@ class ClusterState:
         fraction the best-fitting GPU (the freest one when the node is overcommitted). Free values never go below 0.
         """
         n = len(self.names)
-        cpu = np.zeros(n, dtype=np.int64)
-        mem = np.zeros(n, dtype=np.int64)
-        cnt = np.zeros(n, dtype=np.int64)
+        cpu = [0] * n
+        mem = [0] * n
+        cnt = [0] * n
         for i, reqs in enumerate(requests_per_row):
             if not reqs:
                 continue
@@ -192,25 +191,25 @@ class ClusterState:
                     fractions.append(r.gpu_milli)
             cpu[i], mem[i], cnt[i] = c, m, len(reqs)
             if whole or fractions:
-                row = self.gpu_free[i]
+                row = self.gpu_free[i].tolist()
                 if whole:
-                    free = np.flatnonzero(row == MILLI_PER_GPU)
-                    row[free[:whole]] = 0
-                    short = whole - min(whole, free.size)
+                    free = [g for g, v in enumerate(row) if v == MILLI_PER_GPU]
+                    for g in free[:whole]:
+                        row[g] = 0
+                    short = whole - min(whole, len(free))
                     if short:  # overcommitted: take the freest of what is left
-                        for g in np.argsort(-row, kind="stable")[:short]:
+                        for g in sorted(range(len(row)), key=lambda x: -row[x])[:short]:
                             row[g] = 0 if row[g] > 0 else row[g]
                 for milli in fractions:
-                    fit = np.where(row >= milli, row, MILLI_PER_GPU + 1)
-                    g = int(np.argmin(fit))
-                    if row[g] < milli:
-                        g = int(np.argmax(row))
+                    g = _best_gpu(row, milli)
                     if row[g] > 0:
-                        row[g] = max(0, int(row[g]) - milli)
-                self._refresh(i)
-        self.cpu_free = np.maximum(0, self.cpu_free - cpu)
-        self.mem_free = np.maximum(0, self.mem_free - mem)
-        self.pods_free = np.maximum(0, self.pods_free - cnt)
+                        row[g] = max(0, row[g] - milli)
+                self.gpu_free[i] = row
+                self.full_free[i] = row.count(MILLI_PER_GPU)
+                self.max_free[i] = max(row)
+        self.cpu_free = np.maximum(0, self.cpu_free - np.array(cpu, dtype=np.int64))
+        self.mem_free = np.maximum(0, self.mem_free - np.array(mem, dtype=np.int64))
+        self.pods_free = np.maximum(0, self.pods_free - np.array(cnt, dtype=np.int64))
 
     def release(self, req: Request, placement: Placement) -> None:
         """Give back what :meth:`place` took."""
@@ -224,9 +223,9 @@ class ClusterState:
         self._refresh(i)
 
     def _refresh(self, i: int) -> None:
-        row = self.gpu_free[i]
-        self.full_free[i] = int((row == MILLI_PER_GPU).sum())
-        self.max_free[i] = int(row.max())
+        row = self.gpu_free[i].tolist()
+        self.full_free[i] = row.count(MILLI_PER_GPU)
+        self.max_free[i] = max(row)
 
     def copy(self) -> ClusterState:
         """A deep copy (for what-if evaluation and transactions)."""
@@ -234,3 +233,15 @@ class ClusterState:
         for k, v in self.__dict__.items():
             setattr(new, k, v.copy() if isinstance(v, np.ndarray | list) else v)
         return new
+
+
+def _best_gpu(row: list[int], milli: int) -> int:
+    """Index of the GPU with the least free milli-GPU that still holds ``milli`` (the first such on ties); the
+    freest GPU (first on ties) when none does."""
+    best = -1
+    for g, v in enumerate(row):
+        if v >= milli and (best < 0 or v < row[best]):
+            best = g
+    if best >= 0:
+        return best
+    return row.index(max(row))
