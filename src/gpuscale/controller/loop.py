@@ -317,6 +317,20 @@ class _World:
     events: list[ProviderEvent]
     pdbs: list[PodDisruptionBudget]
     utilization: Mapping[str, float]
+    _by_node: dict[str, list[Pod]] | None = None
+
+    def by_node(self) -> dict[str, list[Pod]]:
+        """Bound pods grouped by node name (computed once per observation; ``pods`` is not changed afterwards)."""
+        if self._by_node is None:
+            out: dict[str, list[Pod]] = {}
+            for p in self.pods:
+                if p.node_name is not None:
+                    if p.node_name in out:
+                        out[p.node_name].append(p)
+                    else:
+                        out[p.node_name] = [p]
+            self._by_node = out
+        return self._by_node
 
 
 def _default_planner() -> PlanFn:
@@ -406,7 +420,10 @@ class Controller:
         self._disruption_signature: object = None
         self._futile: dict[str, tuple[frozenset[str], float]] = {}
         self._room_state: tuple[
-            frozenset[tuple[str, str]], frozenset[tuple[str, Resources]], frozenset[str], frozenset[OfferingKey]
+            frozenset[tuple[str, str]],
+            frozenset[tuple[str, int, int, int, int]],
+            frozenset[str],
+            frozenset[OfferingKey],
         ] = (
             frozenset(),
             frozenset(),
@@ -414,6 +431,8 @@ class Controller:
             frozenset(),
         )
         self._last_evaluation = -math.inf
+        self._measured = any(p.disruption.use_measured_gpu_utilization for p in self.pools.values())
+        """Some pool judges utilisation by measured GPU use, so the backend's metrics are read every round."""
         self._reported: dict[str, str] = {}
         self._delete_retry_at: dict[str, float] = {}
 
@@ -500,7 +519,7 @@ class Controller:
             cloud = [c for c in self.provider.list_nodes() if c.state is not CloudNodeState.GONE]
             events = list(self.provider.poll_errors())
             pdbs = list(self.backend.list_pdbs())
-            utilization = dict(self.backend.gpu_utilization())
+            utilization = dict(self.backend.gpu_utilization()) if self._measured else {}
         except ProviderError as exc:
             self._record(now, EventKind.OBSERVE_FAILED, "provider/" + self.provider.name, type(exc).__name__, str(exc))
             return None
@@ -798,11 +817,15 @@ class Controller:
             for c in self.claims.values()
             if c.node_name and c.phase in (ClaimPhase.DRAINING, ClaimPhase.DELETING, ClaimPhase.FAILED)
         }
-        virtual = [
-            replace(p, node_name=None, phase="Pending")
-            for p in w.pods
-            if p.node_name in leaving and not p.is_daemonset and not p.pending
-        ]
+        virtual = (
+            [
+                replace(p, node_name=None, phase="Pending")
+                for p in w.pods
+                if p.node_name in leaving and not p.is_daemonset and not p.pending
+            ]
+            if leaving
+            else []
+        )
         return real, virtual
 
     def _update_batch(self, real: Sequence[Pod], now: float) -> bool:
@@ -1025,7 +1048,7 @@ class Controller:
 
     def _pool_usage(self, pool: str, w: _World) -> tuple[int, Resources]:
         """Nodes of ``pool`` (claimed or not, launching or not) and their raw capacity."""
-        count, used = 0, Resources(pods=0)
+        count = cpu = mem = gpus = 0
         claimed: set[str] = set()
         for c in self.claims.values():
             if c.node_name:
@@ -1037,7 +1060,8 @@ class Controller:
             count += 1
             it = self._types.get(c.instance_type)
             if it is not None:
-                used = used + replace(it.capacity, pods=0)
+                cpu, mem, gpus = cpu + it.capacity.cpu_milli, mem + it.capacity.memory_mib, gpus + it.capacity.gpus
+        used = Resources(cpu, mem, gpus, 0)
         for n in w.nodes.values():
             if n.pool == pool and n.name not in claimed and REQUEST_ID_LABEL not in n.labels:
                 count += 1
@@ -1304,10 +1328,7 @@ class Controller:
             for c in self.claims.values()
             if c.node_name and c.phase in (ClaimPhase.DRAINING, ClaimPhase.DELETING, ClaimPhase.FAILED)
         } | set(self._replacements)
-        by_node: dict[str, list[Pod]] = {}
-        for p in w.pods:
-            if p.node_name is not None:
-                by_node.setdefault(p.node_name, []).append(p)
+        by_node = w.by_node()
 
         def on_node(name: str) -> frozenset[str]:
             return frozenset(p.key for p in by_node.get(name, ()))
@@ -1317,13 +1338,17 @@ class Controller:
         # joins or gains GPUs), a disruption finishes, offerings change, its own pods change, or the retry period
         # ends.
         bound = frozenset((p.key, p.node_name) for p in w.pods if p.node_name is not None)
-        room = frozenset((n.name, n.allocatable) for n in w.nodes.values() if not n.unschedulable)
+        room = frozenset(
+            (n.name, n.allocatable.gpus, n.allocatable.cpu_milli, n.allocatable.memory_mib, n.allocatable.pods)
+            for n in w.nodes.values()
+            if not n.unschedulable
+        )
         unavailable_now = frozenset(k for k, t in self.unavailable.items() if t > now)
         prev_bound, prev_room, prev_disrupting, prev_unavailable = self._room_state
         changed = disrupting != prev_disrupting or unavailable_now != prev_unavailable
         changed = changed or (bool(w.pdbs) and bound != prev_bound)
-        grown = {node for _, node in prev_bound - bound} | {name for name, _ in room - prev_room}
-        touched = {node for _, node in prev_bound ^ bound} | {name for name, _ in room ^ prev_room}
+        grown = {node for _, node in prev_bound - bound} | {r[0] for r in room - prev_room}
+        touched = {node for _, node in prev_bound ^ bound} | {r[0] for r in room ^ prev_room}
         self._room_state = (bound, room, frozenset(disrupting), unavailable_now)
         self._futile = {
             n: (pods, until)
@@ -1351,7 +1376,7 @@ class Controller:
             return
         self._disruption_skipped = False
         self._last_disruption_at = now
-        candidates -= resting
+        candidates = set(due)  # nodes still waiting out consolidateAfter cannot be acted on this round
         # Pending pods already planned onto existing nodes hold their room there, and protect those nodes.
         pods = list(w.pods)
         protected: set[str] = set()
@@ -1367,7 +1392,7 @@ class Controller:
             if c.phase in (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED) and c.node_name not in w.nodes:
                 nodes.append(self._launching_node(key, c))
         unavailable = {k: t for k, t in self.unavailable.items() if t > now}
-        measured = any(p.disruption.use_measured_gpu_utilization for p in self.pools.values())
+        measured = self._measured
         signature = (
             frozenset((n.name, n.unschedulable, n.allocatable, n.launching) for n in nodes),
             frozenset((p.key, p.node_name) for p in pods if p.node_name is not None),
@@ -1453,7 +1478,7 @@ class Controller:
     ) -> dict[str, DisruptionReason]:
         """Candidate reason per node, recomputed only for nodes whose pods or capacity changed (``touched``) or that
         just became candidates; measured-utilisation pools are recomputed every time."""
-        measured = any(p.disruption.use_measured_gpu_utilization for p in self.pools.values())
+        measured = self._measured
         redo = {n for n in candidates if measured or n in touched or n not in self._class_cache}
         cache: dict[str, DisruptionReason | None] = {}
         out: dict[str, DisruptionReason] = {}
@@ -1506,7 +1531,7 @@ class Controller:
         for key, c in list(self.claims.items()):
             if c.phase is ClaimPhase.DRAINING:
                 node = self._backend_node(c, w)
-                left = [p for p in w.pods if node is not None and p.node_name == node.name and not p.is_daemonset]
+                left = [p for p in w.by_node().get(node.name, ()) if not p.is_daemonset] if node is not None else []
                 if not left:
                     self.claims[key] = transition(c, ClaimEvent.DRAINED, now, reason="no pods left")
                     self._delete(key, w, result)

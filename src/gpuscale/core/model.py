@@ -103,11 +103,11 @@ class Pod:
     gang: str | None = None
     gang_size: int = 0
     is_daemonset: bool = False
+    key: str = field(init=False, repr=False, compare=False)
+    """``namespace/name``, the identity used in plans and reports (derived)."""
 
-    @property
-    def key(self) -> str:
-        """``namespace/name``, the identity used in plans and reports."""
-        return f"{self.namespace}/{self.name}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", f"{self.namespace}/{self.name}")
 
     @property
     def pending(self) -> bool:

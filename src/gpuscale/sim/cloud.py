@@ -331,6 +331,8 @@ class SimCloud:
         self._gpu_s_closed = 0.0
         self._node_s_closed = 0.0
         self.hourly_rate = 0.0
+        self._pool_nodes: dict[str, int] = {}
+        self._pool_gpus: dict[str, int] = {}
         """$/h of every node currently billed."""
         self.spot_notices: dict[str, float] = {}
         """node name -> deadline of each spot interruption notice given."""
@@ -506,6 +508,7 @@ class SimCloud:
                 self.counters.redundant_launches += 1
                 self.redundant_nodes.append(rec.node_name)
             self.hourly_rate += rec.price
+            self._count_alive(rec, +1)
             ids.append(node_id)
             rec.timers.append(self.engine.after(launch_d.sample(self._rng_lat), self._running, rec))
         self._by_request[request.request_id] = (request, ids)
@@ -624,6 +627,7 @@ class SimCloud:
         now = self.engine.now()
         rec.ended_at = now
         del self._alive[rec.node_id]
+        self._count_alive(rec, -1)
         self.hourly_rate -= rec.price
         if not self._alive:
             self.hourly_rate = 0.0  # no float drift when the cloud is empty
@@ -661,9 +665,16 @@ class SimCloud:
         """Every billed node (like :meth:`list_nodes` without fault injection)."""
         return [r.snapshot() for r in self._alive.values()]
 
-    def alive_records(self) -> list[tuple[str, str, int, float]]:
-        """(pool, instance type, GPU count, $/h) of every billed node (for time series)."""
-        return [(r.request.pool, r.itype.name, r.itype.gpu_count, r.price) for r in self._alive.values()]
+    def _count_alive(self, rec: _Rec, sign: int) -> None:
+        pool = rec.request.pool
+        self._pool_nodes[pool] = self._pool_nodes.get(pool, 0) + sign
+        self._pool_gpus[pool] = self._pool_gpus.get(pool, 0) + sign * rec.itype.gpu_count
+        if not self._pool_nodes[pool]:
+            del self._pool_nodes[pool], self._pool_gpus[pool]
+
+    def alive_by_pool(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(billed nodes per pool, their GPUs per pool), kept up to date as nodes start and stop billing."""
+        return dict(self._pool_nodes), dict(self._pool_gpus)
 
     def add_capacity_rule(self, rule: CapacityRule) -> None:
         """Add a capacity rule from now on (e.g. ``CapacityRule(0, instance_type=t)`` exhausts a type)."""

@@ -77,11 +77,7 @@ class TimeSeries:
 
     def record(self, t: float, cloud: SimCloud, cluster: SimCluster, *, force: bool = False) -> None:
         """Append the state at ``t`` if it differs from the last sample (or always, with ``force``)."""
-        nodes: dict[str, int] = {}
-        gpus: dict[str, int] = {}
-        for pool, _, g, _ in cloud.alive_records():
-            nodes[pool] = nodes.get(pool, 0) + 1
-            gpus[pool] = gpus.get(pool, 0) + g
+        nodes, gpus = cloud.alive_by_pool()
         s = Sample(t, cluster.pending_count(), cluster.running_count(), max(0.0, cloud.hourly_rate), nodes, gpus)
         if self.samples:
             last = self.samples[-1]
