@@ -309,6 +309,7 @@ class Planner:
         self._feasible: dict[int, list[Option]] = {}
         self._ref_cost: dict[int, float] = {}
         self._solo_cache: dict[int, list[int]] = {}
+        self._scorer_ready = False
 
     # -- setup
     def _initial_context(self) -> Context:
@@ -333,8 +334,9 @@ class Planner:
             if pod.node_name is not None and pod.phase in ("Pending", "Running") and pod.node_name in self.node_index:
                 bound[self.node_index[pod.node_name]].append(pod.request)
         state.occupy_all(bound)
-        scoring_requests = [p.request for p in self.snapshot.pods if p.phase in ("Pending", "Running")]
-        self.scorer.prepare(state, Workload.from_requests(scoring_requests) if scoring_requests else None)
+        self._scorer_ready = False
+        if any(p.gang for p in self.snapshot.pods if p.pending):
+            self._prepare_scorer(state)  # gang trials change the state before the first placement
         return Context(state, pool_nodes, pool_usage, [], {}, [])
 
     def _classify(self, pods: Iterable[Pod]) -> None:
@@ -378,6 +380,12 @@ class Planner:
             self._groups_cache[keys] = got
         return got
 
+    def _prepare_scorer(self, state: ClusterState) -> None:
+        """Give the scorer the cluster and the expected workload (all pending and running pods' requests)."""
+        scoring_requests = [p.request for p in self.snapshot.pods if p.phase in ("Pending", "Running")]
+        self.scorer.prepare(state, Workload.from_requests(scoring_requests) if scoring_requests else None)
+        self._scorer_ready = True
+
     def _place_existing(self, ctx: Context, pods: Sequence[Pod]) -> list[Pod]:
         """Place pods on existing, then launching nodes; return those left."""
         left: list[Pod] = []
@@ -392,6 +400,8 @@ class Planner:
                 if cand.size == 0:
                     exhausted.add((cls.index, phase))  # capacity only shrinks during planning
                     continue
+                if not self._scorer_ready:  # prepared on first use: most plans place nothing on existing nodes
+                    self._prepare_scorer(ctx.state)
                 i = select(self.scorer, ctx.state, pod.request, cand)
                 assert i is not None
                 ctx.state.place(pod.request, i)
