@@ -163,6 +163,54 @@ def test_keep_when_nothing_cheaper_fits() -> None:
     assert kept(plan) == {"big": KeepReason.NO_REPLACEMENT}
 
 
+def test_empty_nodes_may_wait_longer_than_underutilised_ones() -> None:
+    d = Disruption(consolidate_after_s=30.0, consolidate_empty_after_s=600.0, budgets=(DisruptionBudget("100%"),))
+    p = pool(disruption=d, capacity_types=(OD,))
+    nodes = [node("empty", "g1", p), node("big", "g4", p)]
+    pods = [pod("a", "big", gpus=1)]
+    early = decide(nodes, pods, [p], since_all=NOW - 60)
+    # the underutilised g4 is consolidated after 30 s (its pod moves to the waiting empty node)
+    assert actions(early) == {"big": (ActionKind.DELETE, DisruptionReason.UNDERUTILIZED)}
+    assert kept(early) == {"empty": KeepReason.WAITING}
+    assert "consolidateAfter in 540s" in early.kept[0].message
+    later = decide(nodes, pods, [p], since_all=NOW - 600)
+    assert actions(later)["empty"] == (ActionKind.DELETE, DisruptionReason.EMPTY)
+
+
+def test_split_replacement_when_no_single_cheaper_node_fits() -> None:
+    p = pool(capacity_types=(OD,))
+    # 1 GPU + 12 vCPU in all: no g1 (8 vCPU) holds both, but one g1 each ($2) beats the g4 ($3.6)
+    pods = [pod("gpu", "big", gpus=1, cpu=6000), pod("cpu", "big", cpu=6000)]
+    plan = decide([node("big", "g4", p)], pods, [p])
+    (a,) = plan.actions
+    assert (a.kind, a.reason) == (ActionKind.REPLACE, DisruptionReason.UNDERUTILIZED)
+    assert [(r.instance_type, r.capacity_type) for r in a.replacements] == [("g1", OD), ("g1", OD)]
+    assert sorted(pk for r in a.replacements for pk in r.pods) == ["default/cpu", "default/gpu"]
+    assert all(len(r.pods) == 1 for r in a.replacements)
+    assert a.savings_per_hour == pytest.approx(1.6)
+    assert a.replacement == a.replacements[0]
+    assert "replace by 2 nodes (g1, g1) ($2/h instead of $3.6/h)" in a.message
+
+
+def test_split_replacement_respects_max_nodes_and_spot_rules() -> None:
+    pods = [pod("gpu", "big", gpus=1, cpu=6000), pod("cpu", "big", cpu=6000)]
+    tight = pool(capacity_types=(OD,), max_nodes=2)  # the old node counts until it is gone: room for one more
+    assert kept(decide([node("big", "g4", tight)], pods, [tight])) == {"big": KeepReason.NO_REPLACEMENT}
+    mixed = pool(capacity_types=(SPOT, OD))
+    # a spot g4 ($1.5): two spot g1 ($0.8) would be cheaper, but spot is not replaced by spot; two on-demand g1
+    # ($2) are dearer, so the node stays
+    assert kept(decide([node("big", "g4", mixed, SPOT)], pods, [mixed])) == {"big": KeepReason.NO_REPLACEMENT}
+    # an on-demand g4 in the same pool is replaced by two spot g1
+    (a,) = decide([node("big", "g4", mixed)], pods, [mixed]).actions
+    assert [(r.instance_type, r.capacity_type) for r in a.replacements] == [("g1", SPOT), ("g1", SPOT)]
+
+
+def test_split_is_not_used_when_one_cheaper_node_is_cheapest() -> None:
+    p = pool(capacity_types=(OD,))
+    (a,) = decide([node("big", "g4", p)], [pod("x", "big", gpus=1), pod("y", "big", cpu=1000)], [p]).actions
+    assert [r.instance_type for r in a.replacements] == ["g1"]
+
+
 def test_well_utilised_node_is_not_a_candidate() -> None:
     p = pool()
     plan = decide([node("a", "g1", p)], [pod("x", "a", gpus=1)], [p])

@@ -625,6 +625,7 @@ spec:
   disruption:
     consolidationPolicy: WhenEmpty
     consolidateAfter: 5m
+    consolidateEmptyAfter: 30m
     utilizationThreshold: 0.3
     useMeasuredGpuUtilization: true
     budgets:
@@ -655,6 +656,8 @@ def test_full_pool() -> None:
     d = pool.disruption
     assert d.consolidation_policy is ConsolidationPolicy.WHEN_EMPTY
     assert (d.consolidate_after_s, d.utilization_threshold, d.use_measured_gpu_utilization) == (300.0, 0.3, True)
+    assert d.consolidate_empty_after_s == 1800.0
+    assert (d.wait_s(empty=True), d.wait_s(empty=False), d.longest_wait_s) == (1800.0, 300.0, 1800.0)
     assert d.budgets == (
         DisruptionBudget(nodes="20%"),
         DisruptionBudget(nodes="2", schedule="@daily", duration_s=5400.0, reasons=("Empty", "Drifted")),
@@ -666,13 +669,17 @@ def test_minimal_pool_defaults() -> None:
     assert pool.instance_types == () and pool.max_nodes is None and pool.limits == PoolLimits()
     assert pool.daemonset_overhead == Resources(pods=0)
     assert pool.disruption.budgets == (DisruptionBudget(),)
+    assert pool.disruption.consolidate_empty_after_s is None
+    assert pool.disruption.wait_s(empty=True) == pool.disruption.consolidate_after_s == 30.0
 
 
 def test_consolidate_after_never_and_empty_budgets() -> None:
     text = FULL_POOL.replace("consolidateAfter: 5m", "consolidateAfter: Never")
+    text = text.replace("consolidateEmptyAfter: 30m", "consolidateEmptyAfter: Never")
     text = text[: text.index("    budgets:")] + "    budgets: []\n"
     (pool,) = parse(text).pools
     assert pool.disruption.consolidate_after_s == math.inf
+    assert pool.disruption.consolidate_empty_after_s == math.inf
     assert pool.disruption.budgets == ()
 
 
@@ -706,6 +713,11 @@ def test_consolidate_after_never_and_empty_budgets() -> None:
             "consolidateAfter: 5m",
             "consolidateAfter: 5 minutes",
             "spec.disruption.consolidateAfter: not a valid duration",
+        ),
+        (
+            "consolidateEmptyAfter: 30m",
+            "consolidateEmptyAfter: half an hour",
+            "spec.disruption.consolidateEmptyAfter: not a valid duration",
         ),
         ("utilizationThreshold: 0.3", "utilizationThreshold: 30", "must be between 0.0 and 1.0"),
         ('nodes: "20%"', 'nodes: "120%"', "spec.disruption.budgets[0].nodes: must be a node count or a percentage"),

@@ -402,7 +402,7 @@ class Controller:
         self._attempts: dict[str, int] = {}
         self._spot_fallback_until: dict[str, float] = {}
         self._involuntary: set[str] = set()
-        self._replacements: dict[str, tuple[str, DisruptionAction]] = {}
+        self._replacements: dict[str, tuple[tuple[str, ...], DisruptionAction]] = {}
         self._since: dict[str, float] = {}
         self._orphan_since: dict[str, float] = {}
         self._batch_start: float | None = None
@@ -505,7 +505,7 @@ class Controller:
         for name, t in self._since.items():
             pool = self.pools.get(pool_of.get(name, ""))
             if pool is not None:
-                times.append(t + pool.disruption.consolidate_after_s)
+                times.append(t + pool.disruption.wait_s(self._class_cache.get(name) is DisruptionReason.EMPTY))
         if self._disruption_skipped:
             times.append(self._last_disruption_at + self.config.disruption_interval_s)
         future = [t for t in times if now < t < math.inf]
@@ -769,32 +769,39 @@ class Controller:
 
     # -------------------------------------------------------------------------------------------- replacing
     def _progress_replacements(self, w: _World) -> None:
-        for old_name, (rid, action) in list(self._replacements.items()):
+        """Drain a replaced node once all its replacements are initialised; keep it if one of them fails."""
+        for old_name, (rids, action) in list(self._replacements.items()):
             found = self._claim_by_node_name(old_name)
-            new = self.claims.get(rid)
+            new = [self.claims.get(rid) for rid in rids]
             if found is None or found[1].phase is not ClaimPhase.INITIALIZED:
                 del self._replacements[old_name]
                 continue
-            if new is None or new.phase in (ClaimPhase.FAILED, ClaimPhase.GONE, ClaimPhase.DRAINING):
+            failed = [
+                rid
+                for rid, c in zip(rids, new, strict=True)
+                if c is None or c.phase in (ClaimPhase.FAILED, ClaimPhase.GONE, ClaimPhase.DRAINING)
+            ]
+            if failed:
                 del self._replacements[old_name]
                 self._record(
                     w.now,
                     EventKind.REPLACE_ABORTED,
                     f"node/{old_name}",
                     "ReplacementFailed",
-                    f"replacement {rid} did not come up; node kept",
+                    f"replacement {', '.join(failed)} did not come up; node kept",
                 )
                 continue
-            if new.phase is ClaimPhase.INITIALIZED:
+            if all(c is not None and c.phase is ClaimPhase.INITIALIZED for c in new):
                 del self._replacements[old_name]
                 key, c = found
                 self._start_drain(key, c, w, str(action.reason), involuntary=False)
+                names = ", ".join(str(c.node_name) for c in new if c is not None)
                 self._record(
                     w.now,
                     EventKind.DRAIN,
                     f"node/{old_name}",
                     str(action.reason),
-                    f"replacement {new.node_name} is ready; draining",
+                    f"replacement {names} {'is' if len(new) == 1 else 'are'} ready; draining",
                 )
 
     # ----------------------------------------------------------------------------------------------- scale up
@@ -1450,27 +1457,38 @@ class Controller:
                     now, EventKind.CONSOLIDATE, f"node/{action.node}", str(action.reason), action.message, **data
                 )
                 continue
-            r = action.replacement
-            assert r is not None
-            outcome = self._launch_new(
-                ("replace", action.node, r.pool, r.instance_type, r.zone, str(r.capacity_type)),
-                r.pool,
-                r.instance_type,
-                r.zone,
-                r.capacity_type,
-                w,
-                pods=r.pods,
-                replaces=action.node,
-                reason=f"Replace{action.reason}",
-            )
-            if outcome in (_Outcome.OK, _Outcome.RETRY):
-                rid = next(k for k, cl in self.claims.items() if cl.replaces == action.node and cl.alive)
-                self._replacements[action.node] = (rid, action)
+            outcomes = []
+            for i, r in enumerate(action.replacements):
+                seed = ("replace", action.node, r.pool, r.instance_type, r.zone, str(r.capacity_type))
+                outcome = self._launch_new(
+                    (*seed, str(i)) if i else seed,
+                    r.pool,
+                    r.instance_type,
+                    r.zone,
+                    r.capacity_type,
+                    w,
+                    pods=r.pods,
+                    replaces=action.node,
+                    reason=f"Replace{action.reason}",
+                )
+                outcomes.append(outcome)
+                if outcome not in (_Outcome.OK, _Outcome.RETRY):
+                    break
+            rids = tuple(k for k, cl in self.claims.items() if cl.replaces == action.node and cl.alive)
+            result.launched += sum(1 for o in outcomes if o is _Outcome.OK)
+            if all(o in (_Outcome.OK, _Outcome.RETRY) for o in outcomes):
+                self._replacements[action.node] = (rids, action)
                 result.disrupted += 1
-                if outcome is _Outcome.OK:
-                    result.launched += 1
                 self._record(
                     now, EventKind.CONSOLIDATE, f"node/{action.node}", str(action.reason), action.message, **data
+                )
+            elif rids:  # a split replacement only partly launched: the old node stays; the new ones are spare
+                self._record(
+                    now,
+                    EventKind.REPLACE_ABORTED,
+                    f"node/{action.node}",
+                    "ReplacementFailed",
+                    f"only {len(rids)} of {len(action.replacements)} replacement nodes launched; node kept",
                 )
 
     def _classify(
@@ -1522,8 +1540,10 @@ class Controller:
         return False
 
     def _after(self, node_name: str) -> float:
+        """How long the node must stay a candidate: its pool's wait for empty or for underutilised nodes."""
         pool = self._pool_of_node(node_name)
-        return pool.disruption.consolidate_after_s if pool is not None else 0.0
+        empty = self._class_cache.get(node_name) is DisruptionReason.EMPTY
+        return pool.disruption.wait_s(empty) if pool is not None else 0.0
 
     def _drain_and_delete(self, w: _World, result: ReconcileResult) -> None:
         now = w.now

@@ -10,8 +10,9 @@ For every node of a managed pool, :func:`plan_disruption` decides *delete*, *rep
   spot-only pool). With ``use_measured_gpu_utilization`` a GPU node is underutilised only if its *measured* GPU
   utilisation is below the threshold as well (busy GPUs are kept even when requests look small); nodes without a
   measurement are judged by requests alone.
-* Empty and Underutilized candidates must stay candidates for ``consolidate_after_s`` first (the caller keeps the
-  ``since`` map and gets the updated one back); Drifted nodes need no wait.
+* Empty and Underutilized candidates must stay candidates for ``consolidate_after_s`` first (Empty ones for
+  ``consolidate_empty_after_s`` when set; the caller keeps the ``since`` map and gets the updated one back); Drifted
+  nodes need no wait.
 * A candidate whose workload pods all fit on the other nodes (kube-scheduler predicates and per-GPU accounting of
   :class:`~gpuscale.core.state.ClusterState`) is **deleted**. Otherwise the pods that do not fit must fit on one new
   node: cheaper than the candidate for Empty/Underutilized (a spot node is not replaced by another spot node), or
@@ -28,10 +29,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -47,12 +49,15 @@ from gpuscale.core.model import (
     Offering,
     OfferingKey,
     Pod,
+    PoolLimits,
+    Snapshot,
     Taint,
 )
+from gpuscale.core.plan import PlannerConfig
 from gpuscale.core.predicates import static_fit
 from gpuscale.core.resources import MILLI_PER_GPU, Request, Resources
 from gpuscale.core.state import ClusterState, NodeShape
-from gpuscale.core.templates import pool_templates
+from gpuscale.core.templates import pool_templates, template_allocatable
 from gpuscale.errors import InputError
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -436,7 +441,7 @@ class KeepReason(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Replacement:
-    """The one new node a replaced node's remaining pods go to."""
+    """One new node a replaced node's remaining pods go to (``pods``: those planned onto it)."""
 
     pool: str
     instance_type: str
@@ -457,8 +462,14 @@ class DisruptionAction:
     reason: DisruptionReason
     message: str
     pods: tuple[str, ...] = ()
-    replacement: Replacement | None = None
+    replacements: tuple[Replacement, ...] = ()
+    """The new nodes of a REPLACE: usually one; several when splitting the pods over smaller nodes is cheaper."""
     savings_per_hour: float = 0.0
+
+    @property
+    def replacement(self) -> Replacement | None:
+        """The first (usually only) new node of a REPLACE; None for a DELETE."""
+        return self.replacements[0] if self.replacements else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -742,8 +753,9 @@ def plan_disruption(
         if lazy and row[n.name] in lazy[0].received:
             continue
         d = pool.disruption
-        if reason is not DisruptionReason.DRIFTED and now - new_since[n.name] < d.consolidate_after_s:
-            wait = d.consolidate_after_s - (now - new_since[n.name])
+        after = d.wait_s(reason is DisruptionReason.EMPTY)
+        if reason is not DisruptionReason.DRIFTED and now - new_since[n.name] < after:
+            wait = after - (now - new_since[n.name])
             keep(
                 n, pool, KeepReason.WAITING, f"{reason.value.lower()} ({msg}); consolidateAfter in {wait:.0f}s", reason
             )
@@ -787,14 +799,14 @@ def plan_disruption(
         else:
             new_state, left, dests = None, list(wl), set()
         price = node_price(n, catalog)
-        replacement: Replacement | None = None
+        replacements: tuple[Replacement, ...] = ()
         if left and not allow_replace:
             keep(
                 n, pool, KeepReason.PODS_DO_NOT_FIT, f"{reason.value.lower()} ({msg}) but its pods fit nowhere", reason
             )
             continue
         if left:
-            replacement = _find_replacement(
+            single = _find_replacement(
                 n,
                 pool,
                 reason,
@@ -807,16 +819,31 @@ def plan_disruption(
                 *usage(),
                 offers_cache,
             )
-            if replacement is None:
+            replacements = (single,) if single is not None else ()
+            if reason is DisruptionReason.UNDERUTILIZED and len(left) > 1:
+                split = _split_replacement(
+                    n,
+                    pool,
+                    left,
+                    single.hourly_price if single else price,
+                    pools,
+                    catalog,
+                    now,
+                    unavailable or {},
+                    *usage(),
+                )
+                if split:
+                    replacements = split
+            if not replacements:
                 why = KeepReason.PODS_DO_NOT_FIT if reason is DisruptionReason.DRIFTED else KeepReason.NO_REPLACEMENT
                 detail = (
                     "no conforming offering is available for its pods"
                     if reason is DisruptionReason.DRIFTED
-                    else f"{len(left)} pod(s) fit neither elsewhere nor on one cheaper node"
+                    else f"{len(left)} pod(s) fit neither elsewhere nor on cheaper new nodes"
                 )
                 keep(n, pool, why, f"{reason.value.lower()} ({msg}) but {detail}", reason)
                 continue
-        stays_in_pool = replacement is not None and replacement.pool == pool.name
+        stays_in_pool = any(r.pool == pool.name for r in replacements)
         if not stays_in_pool and counts.get(pool.name, 0) - 1 < pool.min_nodes:
             keep(n, pool, KeepReason.MIN_NODES, f"pool {pool.name} would drop below minNodes={pool.min_nodes}", reason)
             continue
@@ -835,7 +862,7 @@ def plan_disruption(
         for k, c in need.items():
             pdb_left[k] -= c
         pod_keys = tuple(p.key for p in _sort_pods(wl))
-        if replacement is None:
+        if not replacements:
             actions.append(
                 DisruptionAction(
                     ActionKind.DELETE,
@@ -845,29 +872,162 @@ def plan_disruption(
                     f"{reason.value.lower()} ({msg}); "
                     + (f"its {len(wl)} pod(s) fit on other nodes" if wl else "nothing to move"),
                     pod_keys,
-                    None,
+                    (),
                     price,
                 )
             )
         else:
-            r = replacement
             all_counts, all_resources = usage()
-            all_counts[r.pool] = all_counts.get(r.pool, 0) + 1
-            all_resources[r.pool] = all_resources.get(r.pool, Resources(pods=0)) + r.allocatable
+            for r in replacements:
+                all_counts[r.pool] = all_counts.get(r.pool, 0) + 1
+                all_resources[r.pool] = all_resources.get(r.pool, Resources(pods=0)) + r.allocatable
+            new_price = sum(r.hourly_price for r in replacements)
+            r0 = replacements[0]
+            what = (
+                f"{r0.instance_type} {r0.capacity_type} in {r0.zone}"
+                if len(replacements) == 1
+                else f"{len(replacements)} nodes (" + ", ".join(sorted(r.instance_type for r in replacements)) + ")"
+            )
             actions.append(
                 DisruptionAction(
                     ActionKind.REPLACE,
                     n.name,
                     pool.name,
                     reason,
-                    f"{reason.value.lower()} ({msg}); replace by {r.instance_type} {r.capacity_type} in {r.zone}"
-                    f" (${r.hourly_price:.4g}/h instead of ${price:.4g}/h)",
+                    f"{reason.value.lower()} ({msg}); replace by {what} (${new_price:.4g}/h instead of ${price:.4g}/h)",
                     pod_keys,
-                    r,
-                    price - r.hourly_price,
+                    replacements,
+                    price - new_price,
                 )
             )
     return DisruptionPlan(tuple(actions), tuple(kept), new_since)
+
+
+def _split_replacement(
+    node: Node,
+    pool: NodePool,
+    pods: Sequence[Pod],
+    ceiling: float,
+    pools: Sequence[NodePool],
+    catalog: Catalog,
+    now: float,
+    unavailable: Mapping[OfferingKey, float],
+    counts: Mapping[str, int],
+    resources: Mapping[str, Resources],
+) -> tuple[Replacement, ...]:
+    """Two or more new nodes for ``pods`` costing less than ``ceiling`` $/h in all, or () (see module docstring).
+
+    The pods are packed by the scale-up planner's greedy packing (no integer program) into the pools' remaining room
+    (``maxNodes`` and ``limits`` less what ``counts``/``resources`` already use); a spot node is not replaced by spot
+    nodes, and a spot-fallback node only by spot nodes.
+    """
+    fallback = is_spot_fallback(node, pool)
+    no_spot = node.labels.get(L.CAPACITY_TYPE) == str(CapacityType.SPOT)
+    room = _pools_with_room(pools, counts, resources, fallback, no_spot)
+    if not room:
+        return ()
+    key = (
+        tuple(p.key for p in pods),
+        tuple(id(p) for p in room),
+        id(catalog),
+        frozenset((k, t) for k, t in unavailable.items() if t > now),
+    )
+    hit = _SPLITS.get(key)
+    if hit is not None and hit[0] == tuple(p.request for p in pods) and hit[1] is catalog:
+        found = hit[2]
+    else:
+        found = _pack_split(pods, room, catalog, now, unavailable)
+        if len(_SPLITS) > 1024:
+            _SPLITS.clear()
+        _SPLITS[key] = (tuple(p.request for p in pods), catalog, found)
+    if len(found) < 2 or sum(r.hourly_price for r in found) >= ceiling - 1e-9:
+        return ()
+    return found
+
+
+_SPLITS: dict[tuple[object, ...], tuple[tuple[Request, ...], Catalog, tuple[Replacement, ...]]] = {}
+
+
+def _pools_with_room(
+    pools: Sequence[NodePool],
+    counts: Mapping[str, int],
+    resources: Mapping[str, Resources],
+    only_spot: bool,
+    no_spot: bool,
+) -> tuple[NodePool, ...]:
+    """The pools as the planner should see them for new nodes: room left under maxNodes/limits, capacity types
+    restricted. Pools needing no change are passed as they are (the planner memoises per pool object)."""
+    out: list[NodePool] = []
+    for p in pools:
+        changes: dict[str, Any] = {}
+        if p.max_nodes is not None:
+            left = p.max_nodes - counts.get(p.name, 0)
+            if left <= 0:
+                continue
+            changes["max_nodes"] = left
+        lim = p.limits
+        if (lim.cpu_milli, lim.memory_mib, lim.gpus) != (None, None, None):
+            used = resources.get(p.name, Resources(pods=0))
+            changes["limits"] = PoolLimits(
+                None if lim.cpu_milli is None else lim.cpu_milli - used.cpu_milli,
+                None if lim.memory_mib is None else lim.memory_mib - used.memory_mib,
+                None if lim.gpus is None else lim.gpus - used.gpus,
+            )
+        if only_spot or no_spot:
+            types = p.capacity_types or tuple(CapacityType)
+            types = tuple(t for t in types if (t is CapacityType.SPOT) == only_spot) if only_spot else types
+            types = tuple(t for t in types if t is not CapacityType.SPOT) if no_spot else types
+            if not types:
+                continue
+            changes["capacity_types"] = types
+        out.append(replace(p, **changes) if changes else p)
+    return tuple(out)
+
+
+def _pack_split(
+    pods: Sequence[Pod],
+    pools: tuple[NodePool, ...],
+    catalog: Catalog,
+    now: float,
+    unavailable: Mapping[OfferingKey, float],
+) -> tuple[Replacement, ...]:
+    """The planner's greedy new nodes for ``pods`` (every pod placed), as replacements; () if some pod is left."""
+    from gpuscale.core.planner import plan  # the planner does not import this module
+
+    snap = Snapshot(
+        pods=tuple(replace(p, node_name=None, phase="Pending") for p in pods),
+        pools=pools,
+        catalog=catalog,
+        unavailable=unavailable,
+    )
+    result = plan(snap, PlannerConfig(exact_solver=False), now)
+    if result.blocked or len(result.placements) != len(pods):
+        return ()
+    by_node: dict[str, list[str]] = {}
+    for pod_key, where in result.placements.items():
+        by_node.setdefault(where, []).append(pod_key)
+    launch_of = {launch.id: launch for launch in result.launches}
+    pool_of = {p.name: p for p in pools}
+    types = catalog.by_name()
+    out: list[Replacement] = []
+    for where in sorted(by_node):
+        launch = launch_of.get(where.rsplit("/", 1)[0])
+        if launch is None:
+            return ()
+        per_node = launch.hourly_cost / launch.count
+        alloc = template_allocatable(pool_of[launch.pool], types[launch.instance_type])
+        out.append(
+            Replacement(
+                launch.pool,
+                launch.instance_type,
+                launch.zone,
+                launch.capacity_type,
+                per_node,
+                alloc,
+                tuple(sorted(by_node[where])),
+            )
+        )
+    return tuple(out)
 
 
 def _find_replacement(

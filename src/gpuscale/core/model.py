@@ -250,6 +250,21 @@ class Disruption:
     budgets: tuple[DisruptionBudget, ...] = (DisruptionBudget(),)
     utilization_threshold: float = 0.5
     use_measured_gpu_utilization: bool = False
+    consolidate_empty_after_s: float | None = None
+    """How long an empty node waits before removal (None: ``consolidate_after_s``). Longer than
+    ``consolidate_after_s``, it keeps freshly emptied GPU nodes warm for the next pods while underused ones are still
+    packed quickly."""
+
+    def wait_s(self, empty: bool) -> float:
+        """How long a node must stay a candidate before it is disrupted: empty, or underutilised."""
+        if empty and self.consolidate_empty_after_s is not None:
+            return self.consolidate_empty_after_s
+        return self.consolidate_after_s
+
+    @property
+    def longest_wait_s(self) -> float:
+        """The longer of the two waits (for timers that must not fire late)."""
+        return max(self.consolidate_after_s, self.wait_s(True))
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,7 @@ POOL_TAINT_FIELDS = ("key", "value", "effect")
 DISRUPTION_FIELDS = (
     "consolidationPolicy",
     "consolidateAfter",
+    "consolidateEmptyAfter",
     "utilizationThreshold",
     "useMeasuredGpuUtilization",
     "budgets",
@@ -244,6 +245,7 @@ def _disruption(doc: Doc, raw: object) -> Disruption:
     check_fields(doc, m, "spec.disruption", DISRUPTION_FIELDS)
     policy = default.consolidation_policy
     after = default.consolidate_after_s
+    empty_after = default.consolidate_empty_after_s
     threshold = default.utilization_threshold
     measured = default.use_measured_gpu_utilization
     budgets = default.budgets
@@ -257,6 +259,11 @@ def _disruption(doc: Doc, raw: object) -> Disruption:
         if m.get("consolidateAfter") is not None:
             value = m["consolidateAfter"]
             after = math.inf if value == "Never" else _duration(value, "spec.disruption.consolidateAfter")
+    with doc.field():
+        if m.get("consolidateEmptyAfter") is not None:
+            value = m["consolidateEmptyAfter"]
+            path = "spec.disruption.consolidateEmptyAfter"
+            empty_after = math.inf if value == "Never" else _duration(value, path)
     with doc.field():
         if m.get("utilizationThreshold") is not None:
             path = "spec.disruption.utilizationThreshold"
@@ -273,6 +280,7 @@ def _disruption(doc: Doc, raw: object) -> Disruption:
     return Disruption(
         consolidation_policy=policy,
         consolidate_after_s=after,
+        consolidate_empty_after_s=empty_after,
         budgets=budgets,
         utilization_threshold=threshold,
         use_measured_gpu_utilization=measured,

@@ -157,6 +157,7 @@ def karpenter_pools(pools: Sequence[NodePool]) -> tuple[NodePool, ...]:
                 p.disruption,
                 consolidation_policy=ConsolidationPolicy.WHEN_EMPTY_OR_UNDERUTILIZED,
                 consolidate_after_s=0.0,
+                consolidate_empty_after_s=None,
             ),
         )
         for p in pools

@@ -138,7 +138,7 @@ def run_simulation(
     spacing = min(interval, cfg.min_spacing_s)
     settle = cfg.settle_s if cfg.settle_s is not None else scenario.settle_s
     if settle is None:
-        settle = max((p.disruption.consolidate_after_s for p in scenario.pools), default=0.0) + 3 * interval
+        settle = max((p.disruption.longest_wait_s for p in scenario.pools), default=0.0) + 3 * interval
 
     # arrivals are fed one at a time, so the heap stays small
     feed = iter(work)
