@@ -326,8 +326,36 @@ def pool_offerings(
     capacity_types: Collection[CapacityType] | None = None,
 ) -> list[PoolOffering]:
     """The pool's launchable offerings, cheapest first: allowed types, requirements, zones and capacity types,
-    available in the catalog and not marked unavailable past ``now``. ``capacity_types`` overrides the pool's."""
+    available in the catalog and not marked unavailable past ``now``. ``capacity_types`` overrides the pool's.
+
+    Memoised per (pool, catalog) objects, capacity types and the offerings unavailable at ``now``."""
     unavailable = unavailable or {}
+    key = (
+        id(pool),
+        id(catalog),
+        tuple(capacity_types) if capacity_types is not None else None,
+        frozenset((k, t) for k, t in unavailable.items() if t > now),
+    )
+    hit = _OFFERINGS.get(key)
+    if hit is not None and hit[0] is pool and hit[1] is catalog:
+        return list(hit[2])
+    found = _pool_offerings(pool, catalog, now, unavailable, capacity_types)
+    if len(_OFFERINGS) > 1024:
+        _OFFERINGS.clear()
+    _OFFERINGS[key] = (pool, catalog, tuple(found))
+    return found
+
+
+_OFFERINGS: dict[tuple[object, ...], tuple[NodePool, Catalog, tuple[PoolOffering, ...]]] = {}
+
+
+def _pool_offerings(
+    pool: NodePool,
+    catalog: Catalog,
+    now: float,
+    unavailable: Mapping[OfferingKey, float],
+    capacity_types: Collection[CapacityType] | None,
+) -> list[PoolOffering]:
     cts = set(capacity_types if capacity_types is not None else pool.capacity_types)
     out: list[PoolOffering] = []
     for t in pool_templates(pool, catalog):
@@ -980,8 +1008,24 @@ def _pools_with_room(
             if not types:
                 continue
             changes["capacity_types"] = types
-        out.append(replace(p, **changes) if changes else p)
+        out.append(_derived(p, changes) if changes else p)
     return tuple(out)
+
+
+def _derived(pool: NodePool, changes: dict[str, Any]) -> NodePool:
+    """``replace(pool, **changes)``, the same object for the same changes (so the planner's per-pool memos hold)."""
+    key = (id(pool), tuple(sorted(changes.items())))
+    hit = _DERIVED.get(key)
+    if hit is not None and hit[0] is pool:
+        return hit[1]
+    if len(_DERIVED) > 1024:
+        _DERIVED.clear()
+    new = replace(pool, **changes)
+    _DERIVED[key] = (pool, new)
+    return new
+
+
+_DERIVED: dict[tuple[object, ...], tuple[NodePool, NodePool]] = {}
 
 
 def _pack_split(
