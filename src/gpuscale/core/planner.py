@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from gpuscale.core import labels as L
 from gpuscale.core.model import Catalog, InstanceType, Node, NodePool, Offering, OfferingKey, Pod, Snapshot, Taint
@@ -831,6 +832,10 @@ def _realizable(opt: Option, pattern: Mapping[int, int], classes: Mapping[int, P
     return True
 
 
+_MILP_SOLUTIONS: dict[tuple[object, ...], npt.NDArray[np.int64] | None] = {}
+"""Solutions by the exact bytes of the integer program (same program, same answer)."""
+
+
 def improve_with_milp(planner: Planner, ctx: Context, time_limit_s: float) -> list[NewNodes] | None:
     """Re-optimise the new nodes of a greedy plan with an integer program over packing patterns.
 
@@ -940,16 +945,26 @@ def improve_with_milp(planner: Planner, ctx: Context, time_limit_s: float) -> li
             lo.append(-np.inf)
             hi.append(cap - have + gu * mult)
     upper = np.array([max(demand.values())] * ncol, dtype=float)
-    res = milp(
-        c=cost,
-        constraints=LinearConstraint(np.vstack(rows), np.array(lo), np.array(hi)),
-        integrality=np.ones(ncol),
-        bounds=Bounds(np.zeros(ncol), upper),
-        options={"time_limit": max(0.05, time_limit_s), "presolve": True},
-    )
-    if res.x is None:
+    matrix, lo_a, hi_a = np.vstack(rows), np.array(lo), np.array(hi)
+    key: tuple[object, ...] = (matrix.shape, matrix.tobytes(), cost.tobytes(), lo_a.tobytes(), hi_a.tobytes())
+    key += (upper.tobytes(), time_limit_s)
+    if key in _MILP_SOLUTIONS:  # the same integer program again (a controller re-plans similar batches)
+        solution = _MILP_SOLUTIONS[key]
+    else:
+        res = milp(
+            c=cost,
+            constraints=LinearConstraint(matrix, lo_a, hi_a),
+            integrality=np.ones(ncol),
+            bounds=Bounds(np.zeros(ncol), upper),
+            options={"time_limit": max(0.05, time_limit_s), "presolve": True},
+        )
+        solution = None if res.x is None else np.round(res.x).astype(int)
+        if len(_MILP_SOLUTIONS) > 512:
+            _MILP_SOLUTIONS.clear()
+        _MILP_SOLUTIONS[key] = solution
+    if solution is None:
         return None
-    x = np.round(res.x).astype(int)
+    x = solution
     new_cost = float(cost @ x)
     if new_cost >= greedy_cost - 1e-6:
         return None
