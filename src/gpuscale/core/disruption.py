@@ -658,13 +658,18 @@ def _fits_one_node(pods: Sequence[Pod], labels: Mapping[str, str], taints: tuple
 
 def _pool_usage(nodes: Iterable[Node]) -> tuple[dict[str, int], dict[str, Resources]]:
     counts: dict[str, int] = {}
-    totals: dict[str, Resources] = {}
+    sums: dict[str, list[int]] = {}
     for n in nodes:
         if n.pool is None:
             continue
         counts[n.pool] = counts.get(n.pool, 0) + 1
-        totals[n.pool] = totals.get(n.pool, Resources(pods=0)) + n.allocatable
-    return counts, totals
+        a = n.allocatable
+        acc = sums.setdefault(n.pool, [0, 0, 0, 0])
+        acc[0] += a.cpu_milli
+        acc[1] += a.memory_mib
+        acc[2] += a.gpus
+        acc[3] += a.pods
+    return counts, {pool: Resources(*acc) for pool, acc in sums.items()}
 
 
 def plan_disruption(

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from gpuscale.core.labels import GPU_PRODUCT
 from gpuscale.core.resources import Request, Resources
 
 
@@ -131,8 +132,6 @@ class Node:
     @property
     def gpu_model(self) -> str | None:
         """The GPU product from the GPU Feature Discovery label, if any."""
-        from gpuscale.core.labels import GPU_PRODUCT
-
         return self.labels.get(GPU_PRODUCT)
 
 
