@@ -350,6 +350,8 @@ class _Outcome(StrEnum):
 
 
 _LIVE_PHASES = ("Pending", "Running", "")
+_ADVANCING = frozenset({ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED})
+"""Claim phases that move on when the cluster shows the node (registered, GPUs allocatable)."""
 _STATIC_BLOCKS = frozenset(
     {BlockReason.TOO_LARGE, BlockReason.NO_MATCHING_POOL, BlockReason.TAINT_NOT_TOLERATED, BlockReason.INVALID_REQUEST}
 )
@@ -434,11 +436,14 @@ class Controller:
         self._measured = any(p.disruption.use_measured_gpu_utilization for p in self.pools.values())
         """Some pool judges utilisation by measured GPU use, so the backend's metrics are read every round."""
         self._reported: dict[str, str] = {}
+        self._wake_times: list[float] | None = None
+        """Sorted candidate wake-up times, computed on demand after each round."""
         self._delete_retry_at: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------------------------ public
     def reconcile(self) -> ReconcileResult:
         """One observe -> decide -> act round."""
+        self._wake_times = None
         now = self.clock.now()
         result = ReconcileResult(at=now)
         world = self._observe(now)
@@ -462,6 +467,7 @@ class Controller:
 
         Request ids derive from the plan as in a normal scale-up, so calling this twice launches nothing new.
         """
+        self._wake_times = None
         now = self.clock.now()
         result = ReconcileResult(at=now)
         world = self._observe(now)
@@ -478,8 +484,14 @@ class Controller:
         Batch windows closing, claim deadlines, launch/delete retries, orphan grace periods, consolidateAfter
         expiring, a skipped disruption pass, and (while pods are pending) offering/back-off/fallback expiries.
         Anything else only changes when the cluster or cloud changes, which a driver observes by itself.
+        The candidate times are kept until the next reconcile (nothing else changes them).
         """
         now = self.clock.now()
+        if self._wake_times is None:
+            self._wake_times = sorted(t for t in self._timer_candidates() if t < math.inf)
+        return next((t for t in self._wake_times if t > now), None)
+
+    def _timer_candidates(self) -> list[float]:
         times: list[float] = []
         if self._batch_start is not None:
             times.append(min(self._batch_last + self.config.batch_idle_s, self._batch_start + self.config.batch_max_s))
@@ -508,8 +520,7 @@ class Controller:
                 times.append(t + pool.disruption.wait_s(self._class_cache.get(name) is DisruptionReason.EMPTY))
         if self._disruption_skipped:
             times.append(self._last_disruption_at + self.config.disruption_interval_s)
-        future = [t for t in times if now < t < math.inf]
-        return min(future) if future else None
+        return times
 
     # --------------------------------------------------------------------------------------------- observing
     def _observe(self, now: float) -> _World | None:
@@ -546,6 +557,16 @@ class Controller:
         for cn in w.cloud:
             key = cn.request_id or cn.node_id
             existing = self.claims.get(key)
+            if (
+                existing is not None
+                and existing.node_id == cn.node_id
+                and existing.phase is not ClaimPhase.REQUESTED
+                and existing.phase not in _ADVANCING
+                and existing.node_name
+                and (not cn.node_name or existing.node_name == cn.node_name)
+            ):
+                seen.add(key)  # nothing to learn from this node
+                continue
             if existing is not None and existing.node_id and existing.node_id != cn.node_id:
                 key = f"{key}#{cn.node_id}"
                 existing = self.claims.get(key)
@@ -639,7 +660,7 @@ class Controller:
         return claim
 
     def _advance(self, claim: NodeClaim, w: _World) -> NodeClaim:
-        if claim.node_name and claim.phase not in (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED):
+        if claim.node_name and claim.phase not in _ADVANCING:
             return claim
         node = self._backend_node(claim, w)
         if node is None:
@@ -1547,9 +1568,11 @@ class Controller:
 
     def _drain_and_delete(self, w: _World, result: ReconcileResult) -> None:
         now = w.now
-        allow = pdb_allowances(w.pdbs, w.pods)
+        allow: dict[str, int] | None = None
         for key, c in list(self.claims.items()):
             if c.phase is ClaimPhase.DRAINING:
+                if allow is None:
+                    allow = pdb_allowances(w.pdbs, w.pods)
                 node = self._backend_node(c, w)
                 left = [p for p in w.by_node().get(node.name, ()) if not p.is_daemonset] if node is not None else []
                 if not left:
@@ -1621,12 +1644,17 @@ class Controller:
     def _collect_orphans(self, w: _World) -> None:
         """Delete Node objects labelled with a request id the provider no longer lists (after a grace period)."""
         now = w.now
-        claimed = {c.node_name for c in self.claims.values() if c.node_name}
-        rids = {cn.request_id for cn in w.cloud}
+        claimed: set[str] | None = None
+        rids: set[str] = set()
         current: set[str] = set()
         for n in list(w.nodes.values()):
             rid = n.labels.get(REQUEST_ID_LABEL)
-            if rid is None or n.name in claimed or rid in rids or rid in self.claims:
+            if rid is None or rid in self.claims:
+                continue
+            if claimed is None:
+                claimed = {c.node_name for c in self.claims.values() if c.node_name}
+                rids = {cn.request_id for cn in w.cloud}
+            if n.name in claimed or rid in rids:
                 continue
             current.add(n.name)
             first = self._orphan_since.setdefault(n.name, now)
