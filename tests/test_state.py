@@ -45,3 +45,30 @@ def test_occupy_all_never_goes_below_zero() -> None:
     st_.occupy_all([[Request(800, 800, 1, 0), Request(800, 800, 1, 0), Request(100, 100, 0, 500)]])
     assert st_.cpu_free[0] == 0 and st_.mem_free[0] == 0 and st_.pods_free[0] == 0
     assert st_.gpu_free[0, 0] == 0 and st_.full_free[0] == 0 and st_.max_free[0] == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(requests, max_size=6), st.lists(requests, max_size=3))
+def test_remembered_rows_equal_computed_ones_and_only_for_untouched_nodes(
+    reqs: list[Request], first: list[Request]
+) -> None:
+    from gpuscale.core import state as state_mod
+
+    shape = [NodeShape("n", Resources(64000, 262144, 4, 110), "T4")]
+    state_mod._FRESH_ROWS.clear()
+    computed = ClusterState(shape)
+    computed.occupy_all([reqs])
+    remembered = ClusterState(shape)  # same requests on an untouched node: served from memory
+    remembered.occupy_all([reqs])
+    assert remembered.gpu_free.tolist() == computed.gpu_free.tolist()
+    assert (remembered.full_free == computed.full_free).all() and (remembered.max_free == computed.max_free).all()
+    # a node already holding pods is computed, never taken from memory: same result with or without one
+    fresh = ClusterState(shape)
+    fresh.occupy_all([reqs])  # remembers the fresh result for reqs
+    with_memo, without = ClusterState(shape), ClusterState(shape)
+    for st_ in (with_memo, without):
+        st_.occupy_all([first])
+    with_memo.occupy_all([reqs])
+    state_mod._FRESH_ROWS.clear()
+    without.occupy_all([reqs])
+    assert with_memo.gpu_free.tolist() == without.gpu_free.tolist()

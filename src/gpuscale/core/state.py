@@ -191,6 +191,14 @@ class ClusterState:
                     fractions.append(r.gpu_milli)
             cpu[i], mem[i], cnt[i] = c, m, len(reqs)
             if whole or fractions:
+                fresh = self.full_free[i] == self.gpu_cap[i]
+                key = (int(self.gpu_cap[i]), self.gpu_free.shape[1], whole, tuple(fractions))
+                if fresh and key in _FRESH_ROWS:  # same GPU requests on an untouched node of the same size
+                    row, full, top = _FRESH_ROWS[key]
+                    self.gpu_free[i] = row
+                    self.full_free[i] = full
+                    self.max_free[i] = top
+                    continue
                 row = self.gpu_free[i].tolist()
                 if whole:
                     free = [g for g, v in enumerate(row) if v == MILLI_PER_GPU]
@@ -207,6 +215,10 @@ class ClusterState:
                 self.gpu_free[i] = row
                 self.full_free[i] = row.count(MILLI_PER_GPU)
                 self.max_free[i] = max(row)
+                if fresh:
+                    if len(_FRESH_ROWS) > 4096:
+                        _FRESH_ROWS.clear()
+                    _FRESH_ROWS[key] = (row, int(self.full_free[i]), int(self.max_free[i]))
         self.cpu_free = np.maximum(0, self.cpu_free - np.array(cpu, dtype=np.int64))
         self.mem_free = np.maximum(0, self.mem_free - np.array(mem, dtype=np.int64))
         self.pods_free = np.maximum(0, self.pods_free - np.array(cnt, dtype=np.int64))
@@ -233,6 +245,11 @@ class ClusterState:
         for k, v in self.__dict__.items():
             setattr(new, k, v.copy() if isinstance(v, np.ndarray | list) else v)
         return new
+
+
+_FRESH_ROWS: dict[tuple[int, int, int, tuple[int, ...]], tuple[list[int], int, int]] = {}
+"""Per-GPU free values of a fully free node row after :meth:`ClusterState.occupy_all`, by (GPUs, row width, whole
+GPUs taken, fractions in order): the same requests on the same size of node always land the same way."""
 
 
 def _best_gpu(row: list[int], milli: int) -> int:
