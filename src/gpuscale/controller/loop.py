@@ -318,19 +318,33 @@ class _World:
     pdbs: list[PodDisruptionBudget]
     utilization: Mapping[str, float]
     _by_node: dict[str, list[Pod]] | None = None
+    _unbound: list[Pod] | None = None
 
     def by_node(self) -> dict[str, list[Pod]]:
         """Bound pods grouped by node name (computed once per observation; ``pods`` is not changed afterwards)."""
         if self._by_node is None:
-            out: dict[str, list[Pod]] = {}
-            for p in self.pods:
-                if p.node_name is not None:
-                    if p.node_name in out:
-                        out[p.node_name].append(p)
-                    else:
-                        out[p.node_name] = [p]
-            self._by_node = out
+            self._group()
+        assert self._by_node is not None
         return self._by_node
+
+    def unbound(self) -> list[Pod]:
+        """Pods without a node (computed with :meth:`by_node`)."""
+        if self._unbound is None:
+            self._group()
+        assert self._unbound is not None
+        return self._unbound
+
+    def _group(self) -> None:
+        out: dict[str, list[Pod]] = {}
+        free: list[Pod] = []
+        for p in self.pods:
+            if p.node_name is None:
+                free.append(p)
+            elif p.node_name in out:
+                out[p.node_name].append(p)
+            else:
+                out[p.node_name] = [p]
+        self._by_node, self._unbound = out, free
 
 
 def _default_planner() -> PlanFn:
@@ -351,6 +365,8 @@ class _Outcome(StrEnum):
 
 _LIVE_PHASES = ("Pending", "Running", "")
 _ADVANCING = frozenset({ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED})
+_LEAVING = frozenset({ClaimPhase.DRAINING, ClaimPhase.DELETING, ClaimPhase.FAILED})
+"""Claim phases whose node is on its way out (takes no pods, counts against disruption budgets)."""
 """Claim phases that move on when the cluster shows the node (registered, GPUs allocatable)."""
 _STATIC_BLOCKS = frozenset(
     {BlockReason.TOO_LARGE, BlockReason.NO_MATCHING_POOL, BlockReason.TAINT_NOT_TOLERATED, BlockReason.INVALID_REQUEST}
@@ -839,21 +855,15 @@ class Controller:
 
     def _pending(self, w: _World) -> tuple[list[Pod], list[Pod]]:
         """(real pending pods, pods of draining nodes shown to the planner as pending)."""
-        real = [p for p in w.pods if p.pending and not p.is_daemonset]
-        leaving = {
-            c.node_name
-            for c in self.claims.values()
-            if c.node_name and c.phase in (ClaimPhase.DRAINING, ClaimPhase.DELETING, ClaimPhase.FAILED)
-        }
-        virtual = (
-            [
-                replace(p, node_name=None, phase="Pending")
-                for p in w.pods
-                if p.node_name in leaving and not p.is_daemonset and not p.pending
-            ]
-            if leaving
-            else []
-        )
+        real = [p for p in w.unbound() if p.phase == "Pending" and not p.is_daemonset]
+        leaving = {c.node_name for c in self.claims.values() if c.node_name and c.phase in _LEAVING}
+        by_node = w.by_node()
+        virtual = [
+            replace(p, node_name=None, phase="Pending")
+            for name in sorted(leaving)
+            for p in by_node.get(name, ())
+            if not p.is_daemonset
+        ]
         return real, virtual
 
     def _update_batch(self, real: Sequence[Pod], now: float) -> bool:
@@ -974,7 +984,7 @@ class Controller:
         nodes: list[Node] = []
         for n in w.nodes.values():
             c = by_name.get(n.name)
-            if c is not None and c.phase in (ClaimPhase.DRAINING, ClaimPhase.DELETING, ClaimPhase.FAILED):
+            if c is not None and c.phase in _LEAVING:
                 nodes.append(replace(n, unschedulable=True, pool=n.pool or c.pool))
             elif c is not None and c.phase is ClaimPhase.REGISTERED:
                 alloc = c.expected if c.expected.gpus > n.allocatable.gpus else n.allocatable
@@ -1346,16 +1356,17 @@ class Controller:
         now = w.now
         if not self.config.consolidation:
             return
-        candidates = {
-            c.node_name
-            for c in self.claims.values()
-            if c.phase is ClaimPhase.INITIALIZED and c.node_name and c.node_name not in self._replacements
-        }
-        disrupting = {
-            c.node_name
-            for c in self.claims.values()
-            if c.node_name and c.phase in (ClaimPhase.DRAINING, ClaimPhase.DELETING, ClaimPhase.FAILED)
-        } | set(self._replacements)
+        candidates: set[str] = set()
+        disrupting: set[str] = set(self._replacements)
+        for c in self.claims.values():
+            name = c.node_name
+            if not name:
+                continue
+            if c.phase is ClaimPhase.INITIALIZED:
+                if name not in self._replacements:
+                    candidates.add(name)
+            elif c.phase in _LEAVING:
+                disrupting.add(name)
         by_node = w.by_node()
 
         def on_node(name: str) -> frozenset[str]:
