@@ -1358,10 +1358,12 @@ class Controller:
             return
         candidates: set[str] = set()
         disrupting: set[str] = set(self._replacements)
+        node_pool: dict[str, str] = {}
         for c in self.claims.values():
             name = c.node_name
             if not name:
                 continue
+            node_pool.setdefault(name, c.pool)
             if c.phase is ClaimPhase.INITIALIZED:
                 if name not in self._replacements:
                     candidates.add(name)
@@ -1405,7 +1407,8 @@ class Controller:
         due = [
             n
             for n, why in classes.items()
-            if n not in resting and (why is DisruptionReason.DRIFTED or now - self._since[n] >= self._after(n))
+            if n not in resting
+            and (why is DisruptionReason.DRIFTED or now - self._since[n] >= self._after(n, node_pool))
         ]
         if not due:
             self._disruption_skipped = False
@@ -1441,7 +1444,9 @@ class Controller:
             frozenset(unavailable),
             frozenset((k, round(v, 1)) for k, v in w.utilization.items()) if measured else None,
         )
-        timer_due = any(self._last_evaluation < t + self._after(name) <= now for name, t in self._since.items())
+        timer_due = any(
+            self._last_evaluation < t + self._after(name, node_pool) <= now for name, t in self._since.items()
+        )
         if (
             signature == self._disruption_signature
             and not timer_due
@@ -1571,9 +1576,11 @@ class Controller:
                     return True
         return False
 
-    def _after(self, node_name: str) -> float:
-        """How long the node must stay a candidate: its pool's wait for empty or for underutilised nodes."""
-        pool = self._pool_of_node(node_name)
+    def _after(self, node_name: str, node_pool: Mapping[str, str] | None = None) -> float:
+        """How long the node must stay a candidate: its pool's wait for empty or for underutilised nodes.
+
+        ``node_pool`` (node name -> pool name of its claim) saves looking the claim up."""
+        pool = self.pools.get(node_pool.get(node_name, "")) if node_pool is not None else self._pool_of_node(node_name)
         empty = self._class_cache.get(node_name) is DisruptionReason.EMPTY
         return pool.disruption.wait_s(empty) if pool is not None else 0.0
 
