@@ -59,6 +59,7 @@ from gpuscale.core.model import (
     Offering,
     OfferingKey,
     Pod,
+    PoolLimits,
     Snapshot,
     Taint,
 )
@@ -1107,6 +1108,8 @@ class Controller:
         return count, used
 
     def _within_limits(self, pool: NodePool, it: InstanceType, w: _World) -> str | None:
+        if pool.max_nodes is None and pool.limits == PoolLimits():
+            return None  # nothing to count against
         count, used = self._pool_usage(pool.name, w)
         if pool.max_nodes is not None and count + 1 > pool.max_nodes:
             return f"pool {pool.name} has {count} of maxNodes={pool.max_nodes} nodes"

@@ -64,25 +64,30 @@ class Option:
 
 
 def build_options(snapshot: Snapshot, now: float) -> list[Option]:
-    """Every option of every pool, sorted by price then names (deterministic).
+    """Every option of every pool, sorted by price then names (deterministic)."""
+    return list(option_table(snapshot, now))
 
-    Memoised per (pools, catalog) objects and the offerings unavailable at ``now``: a controller asks again and
-    again with the same pools.
-    """
+
+def option_table(snapshot: Snapshot, now: float) -> tuple[Option, ...]:
+    """:func:`build_options` as a shared tuple, memoised per (pools, catalog) objects and the offerings unavailable
+    at ``now`` (a controller asks again and again with the same pools); the same tuple object while memoised."""
     pools = tuple(snapshot.pools)
     blocked = frozenset((k, v) for k, v in snapshot.unavailable.items() if v > now)
     key = (tuple(id(p) for p in pools), id(snapshot.catalog), blocked)
     hit = _OPTIONS.get(key)
     if hit is not None and hit[1] is snapshot.catalog and all(a is b for a, b in zip(hit[0], pools, strict=True)):
-        return list(hit[2])
-    result = _build_options(snapshot, now)
+        return hit[2]
+    result = tuple(_build_options(snapshot, now))
     if len(_OPTIONS) > 256:
         _OPTIONS.clear()
-    _OPTIONS[key] = (pools, snapshot.catalog, tuple(result))
+        _CLASS_OPTIONS.clear()
+    _OPTIONS[key] = (pools, snapshot.catalog, result)
     return result
 
 
 _OPTIONS: dict[tuple[object, ...], tuple[tuple[NodePool, ...], Catalog, tuple[Option, ...]]] = {}
+_CLASS_OPTIONS: dict[tuple[object, ...], tuple[tuple[Option, ...], list[int]]] = {}
+"""Indices of the options a pod class may use, per (class key, option table): the same for every plan."""
 
 
 def _build_options(snapshot: Snapshot, now: float) -> list[Option]:
@@ -196,6 +201,8 @@ class PodClass:
     index: int
     example: Pod
     pods: list[Pod] = field(default_factory=list)
+    key: tuple[object, ...] = ()
+    """:func:`class_key` of the pods."""
 
     @property
     def request(self) -> Request:
@@ -290,7 +297,8 @@ class Planner:
         self.snapshot = snapshot
         self.config = config
         self.now = now
-        self.options = build_options(snapshot, now)
+        self._table = option_table(snapshot, now)
+        self.options = list(self._table)
         self.scorer: Scorer = make_scorer(config.scorer)
         self.nodes: list[Node] = sorted(snapshot.nodes, key=lambda n: (n.launching, n.name))
         self.node_index = {n.name: i for i, n in enumerate(self.nodes)}
@@ -345,7 +353,7 @@ class Planner:
             key = class_key(pod)
             cls = self._class_of.get(key)
             if cls is None:
-                cls = PodClass(len(self.classes), pod)
+                cls = PodClass(len(self.classes), pod, key=key)
                 self.classes.append(cls)
                 self._class_of[key] = cls
             cls.pods.append(pod)
@@ -419,6 +427,12 @@ class Planner:
         got = self._feasible.get(cls.index)
         if got is not None:
             return got
+        memo_key = (cls.key, id(self._table))
+        hit = _CLASS_OPTIONS.get(memo_key)
+        if hit is not None and hit[0] is self._table:
+            got = [self.options[i] for i in hit[1]]
+            self._feasible[cls.index] = got
+            return got
         pod, r = cls.example, cls.request
         fit = (self.opt_cpu >= r.cpu_milli) & (self.opt_mem >= r.memory_mib) & (self.opt_pods >= 1)
         if r.gpus:
@@ -434,7 +448,11 @@ class Planner:
                 o = self.options[int(rows[0])]
                 if static_failure(pod, o.labels, o.taints) is None:
                     ok[rows] = True
-        got = [self.options[int(i)] for i in np.flatnonzero(ok)]
+        indices = [int(i) for i in np.flatnonzero(ok)]
+        if len(_CLASS_OPTIONS) > 4096:
+            _CLASS_OPTIONS.clear()
+        _CLASS_OPTIONS[memo_key] = (self._table, indices)
+        got = [self.options[i] for i in indices]
         self._feasible[cls.index] = got
         return got
 
