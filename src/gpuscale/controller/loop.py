@@ -440,12 +440,12 @@ class Controller:
         self._futile: dict[str, tuple[frozenset[str], float]] = {}
         self._room_state: tuple[
             frozenset[tuple[str, str]],
-            frozenset[tuple[str, int, int, int, int]],
+            dict[str, Resources],
             frozenset[str],
             frozenset[OfferingKey],
         ] = (
             frozenset(),
-            frozenset(),
+            {},
             frozenset(),
             frozenset(),
         )
@@ -1382,17 +1382,14 @@ class Controller:
         # joins or gains GPUs), a disruption finishes, offerings change, its own pods change, or the retry period
         # ends.
         bound = frozenset((p.key, p.node_name) for p in w.pods if p.node_name is not None)
-        room = frozenset(
-            (n.name, n.allocatable.gpus, n.allocatable.cpu_milli, n.allocatable.memory_mib, n.allocatable.pods)
-            for n in w.nodes.values()
-            if not n.unschedulable
-        )
+        room = {n.name: n.allocatable for n in w.nodes.values() if not n.unschedulable}
         unavailable_now = frozenset(k for k, t in self.unavailable.items() if t > now)
         prev_bound, prev_room, prev_disrupting, prev_unavailable = self._room_state
         changed = disrupting != prev_disrupting or unavailable_now != prev_unavailable
         changed = changed or (bool(w.pdbs) and bound != prev_bound)
-        grown = {node for _, node in prev_bound - bound} | {r[0] for r in room - prev_room}
-        touched = {node for _, node in prev_bound ^ bound} | {r[0] for r in room ^ prev_room}
+        room_grew = {name for name, a in room.items() if (b := prev_room.get(name)) is None or (b is not a and b != a)}
+        grown = {node for _, node in prev_bound - bound} | room_grew
+        touched = {node for _, node in prev_bound ^ bound} | room_grew | (prev_room.keys() - room.keys())
         self._room_state = (bound, room, frozenset(disrupting), unavailable_now)
         self._futile = {
             n: (pods, until)
