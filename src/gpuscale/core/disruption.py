@@ -16,7 +16,9 @@ For every node of a managed pool, :func:`plan_disruption` decides *delete*, *rep
 * A candidate whose workload pods all fit on the other nodes (kube-scheduler predicates and per-GPU accounting of
   :class:`~gpuscale.core.state.ClusterState`) is **deleted**. Otherwise the pods that do not fit must fit on one new
   node: cheaper than the candidate for Empty/Underutilized (a spot node is not replaced by another spot node), or
-  conforming to the pool for Drifted; the candidate is then **replaced**.
+  conforming to the pool for Drifted; the candidate is then **replaced**. An Underutilized candidate with two or more
+  pods left may instead be replaced by several new nodes (the scale-up planner's greedy packing into the pools'
+  remaining room) when they cost less in all than the best single node, or than the candidate if there is none.
 * Blockers, in order: a pod annotated ``gpuscale.io/do-not-disrupt: "true"``; a PodDisruptionBudget with no
   disruption left; the pool's ``min_nodes``; the pool's disruption budgets for that reason (the most restrictive
   active budget wins; percentages round up; nodes already being disrupted count against it).
