@@ -378,6 +378,39 @@ def test_underused_node_is_replaced_by_two_cheaper_nodes_drained_once_both_are_r
     assert owner["default/gpu"] != owner["default/cpu"]
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_ready_replacement_is_not_consolidated_while_its_sibling_starts(seed: int) -> None:
+    # GPUs of the two new nodes appear 30-200 s after registration: the first one ready sits empty for a while
+    slow = replace(FAST, device_plugin_delay=Dist("uniform", 30.0, 200.0))
+    d = Disruption(consolidate_after_s=30.0, budgets=(DisruptionBudget("100%"),))
+    h = Harness([gpu_pool(disruption=d)], behaviour=slow, seed=seed)
+    h.add(gpod("gpu", cpu=6000), duration=10_000.0)
+    h.add(gpod("cpu", gpus=0, cpu=6000), duration=10_000.0)
+    for i in range(2):
+        h.add(gpod(f"short{i}", cpu=6000), duration=300.0)
+    h.run(1500.0)
+    assert h.events(EventKind.REPLACE_ABORTED) == []
+    assert len(h.events(EventKind.SCALE_UP)) == 3  # the g4, then its two g1 replacements, once
+    assert sorted(n.instance_type for n in h.alive()) == ["g1", "g1"]
+    assert h.cluster.running_count() == 2
+
+
+def test_a_pod_landing_on_a_waiting_empty_node_is_packed_on_the_nodes_clock() -> None:
+    d = Disruption(consolidate_after_s=60.0, consolidate_empty_after_s=1800.0, budgets=(DisruptionBudget("100%"),))
+    h = Harness([gpu_pool(disruption=d)])
+    h.add(gpod("first", gpus=4), duration=100.0)  # a g4
+    h.run(1000.0)  # "first" ended near 160 s: the g4 has been waiting empty for ~14 minutes, kept warm
+    (node,) = h.alive()
+    assert h.events(EventKind.CONSOLIDATE) == []
+    h.add(gpod("late"), duration=3600.0)  # starts at once on the warm node, which is now Underutilized
+    h.run(1500.0)
+    # the node has been a candidate since ~160 s, longer than consolidateAfter: "late" moves to a cheaper g1 at once
+    (move,) = h.events(EventKind.CONSOLIDATE)
+    assert move.object == f"node/{node.node_name}" and "replace by g1" in move.message
+    assert 1000.0 <= move.at <= 1000.0 + 15.0
+    assert sorted(n.instance_type for n in h.alive()) == ["g1"] and h.cluster.running_count() == 1
+
+
 def test_split_replacement_aborted_when_only_some_new_nodes_launch() -> None:
     d = Disruption(consolidate_after_s=30.0, budgets=(DisruptionBudget("100%"),))
     h = Harness([gpu_pool(disruption=d)])

@@ -34,8 +34,9 @@ from gpuscale.core.model import (
     Offering,
     OfferingKey,
     Pod,
+    PoolLimits,
 )
-from gpuscale.core.resources import Request
+from gpuscale.core.resources import Request, Resources
 from gpuscale.core.templates import template_allocatable, template_labels
 from gpuscale.errors import InputError
 
@@ -172,7 +173,7 @@ def test_empty_nodes_may_wait_longer_than_underutilised_ones() -> None:
     # the underutilised g4 is consolidated after 30 s (its pod moves to the waiting empty node)
     assert actions(early) == {"big": (ActionKind.DELETE, DisruptionReason.UNDERUTILIZED)}
     assert kept(early) == {"empty": KeepReason.WAITING}
-    assert "consolidateAfter in 540s" in early.kept[0].message
+    assert "consolidateEmptyAfter in 540s" in early.kept[0].message
     later = decide(nodes, pods, [p], since_all=NOW - 600)
     assert actions(later)["empty"] == (ActionKind.DELETE, DisruptionReason.EMPTY)
 
@@ -203,6 +204,23 @@ def test_split_replacement_respects_max_nodes_and_spot_rules() -> None:
     # an on-demand g4 in the same pool is replaced by two spot g1
     (a,) = decide([node("big", "g4", mixed)], pods, [mixed]).actions
     assert [(r.instance_type, r.capacity_type) for r in a.replacements] == [("g1", SPOT), ("g1", SPOT)]
+
+
+@pytest.mark.parametrize(("cpu_limit", "split"), [(48_000, True), (47_000, False)])
+def test_split_replacement_counts_pool_limits_in_raw_capacity(cpu_limit: int, split: bool) -> None:
+    # 1 vCPU of daemonset overhead: the g4 has 32 vCPU of capacity (31 allocatable), each g1 8 (7); the planner and
+    # the controller count limits in capacity, so two g1 need 32 + 16 = 48 vCPU of limit
+    p = pool(
+        capacity_types=(OD,),
+        limits=PoolLimits(cpu_milli=cpu_limit),
+        daemonset_overhead=Resources(cpu_milli=1000, pods=0),
+    )
+    pods = [pod("gpu", "big", gpus=1, cpu=6000), pod("cpu", "big", cpu=6000)]
+    plan = decide([node("big", "g4", p)], pods, [p])
+    if split:
+        assert [r.instance_type for r in plan.actions[0].replacements] == ["g1", "g1"]
+    else:
+        assert kept(plan) == {"big": KeepReason.NO_REPLACEMENT}
 
 
 def test_split_is_not_used_when_one_cheaper_node_is_cheapest() -> None:

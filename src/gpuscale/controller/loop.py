@@ -1368,7 +1368,8 @@ class Controller:
                 continue
             node_pool.setdefault(name, c.pool)
             if c.phase is ClaimPhase.INITIALIZED:
-                if name not in self._replacements:
+                # neither a node being replaced nor one of its (already ready) replacements is a candidate
+                if name not in self._replacements and c.replaces not in self._replacements:
                     candidates.add(name)
             elif c.phase in _LEAVING:
                 disrupting.add(name)
@@ -1403,6 +1404,7 @@ class Controller:
         resting = set(self._futile)
         # Start consolidateAfter clocks (cheap); simulate only when some candidate's clock has run out.
         classes = self._classify(candidates, w, touched, by_node)
+        # a node's clock runs from when it became a candidate, whatever its reason since (see docs/controller.md)
         self._since = {n: self._since.get(n, now) for n in classes}
         due = [
             n
@@ -1495,6 +1497,7 @@ class Controller:
                 )
                 continue
             outcomes = []
+            before = {k for k, cl in self.claims.items() if cl.replaces == action.node}
             for i, r in enumerate(action.replacements):
                 seed = ("replace", action.node, r.pool, r.instance_type, r.zone, str(r.capacity_type))
                 outcome = self._launch_new(
@@ -1511,7 +1514,9 @@ class Controller:
                 outcomes.append(outcome)
                 if outcome not in (_Outcome.OK, _Outcome.RETRY):
                     break
-            rids = tuple(k for k, cl in self.claims.items() if cl.replaces == action.node and cl.alive)
+            rids = tuple(
+                k for k, cl in self.claims.items() if cl.replaces == action.node and k not in before and cl.alive
+            )
             result.launched += sum(1 for o in outcomes if o is _Outcome.OK)
             if all(o in (_Outcome.OK, _Outcome.RETRY) for o in outcomes):
                 self._replacements[action.node] = (rids, action)

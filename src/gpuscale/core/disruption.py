@@ -30,7 +30,7 @@ a budget with ``schedule`` and ``duration_s`` is active during ``[hit, hit + dur
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
@@ -658,20 +658,12 @@ def _fits_one_node(pods: Sequence[Pod], labels: Mapping[str, str], taints: tuple
     return True
 
 
-def _pool_usage(nodes: Iterable[Node]) -> tuple[dict[str, int], dict[str, Resources]]:
+def _pool_counts(nodes: Iterable[Node]) -> dict[str, int]:
     counts: dict[str, int] = {}
-    sums: dict[str, list[int]] = {}
     for n in nodes:
-        if n.pool is None:
-            continue
-        counts[n.pool] = counts.get(n.pool, 0) + 1
-        a = n.allocatable
-        acc = sums.setdefault(n.pool, [0, 0, 0, 0])
-        acc[0] += a.cpu_milli
-        acc[1] += a.memory_mib
-        acc[2] += a.gpus
-        acc[3] += a.pods
-    return counts, {pool: Resources(*acc) for pool, acc in sums.items()}
+        if n.pool is not None:
+            counts[n.pool] = counts.get(n.pool, 0) + 1
+    return counts
 
 
 def plan_disruption(
@@ -767,12 +759,21 @@ def plan_disruption(
             disrupting_by_pool[n.pool] = disrupting_by_pool.get(n.pool, 0) + 1
         else:
             counts[n.pool] = counts.get(n.pool, 0) + 1
-    all_usage: list[tuple[dict[str, int], dict[str, Resources]]] = []
+    all_counts: list[dict[str, int]] = []
 
-    def usage() -> tuple[dict[str, int], dict[str, Resources]]:
-        if not all_usage:
-            all_usage.append(_pool_usage(nodes))
-        return all_usage[0]
+    def node_counts() -> dict[str, int]:
+        """Nodes per pool, launching ones included (for maxNodes of replacements)."""
+        if not all_counts:
+            all_counts.append(_pool_counts(nodes))
+        return all_counts[0]
+
+    cap_usage: list[dict[str, Resources]] = []
+
+    def capacity_usage() -> dict[str, Resources]:
+        """Raw instance capacity per pool, the unit of pool ``limits`` for new nodes (as the planner counts)."""
+        if not cap_usage:
+            cap_usage.append(_pool_capacity(nodes, catalog))
+        return cap_usage[0]
 
     pdb_left = pdb_allowances(pdbs, live)
     pdb_of = {f"{b.namespace}/{b.name}": b for b in pdbs}
@@ -791,9 +792,12 @@ def plan_disruption(
         after = d.wait_s(reason is DisruptionReason.EMPTY)
         if reason is not DisruptionReason.DRIFTED and now - new_since[n.name] < after:
             wait = after - (now - new_since[n.name])
-            keep(
-                n, pool, KeepReason.WAITING, f"{reason.value.lower()} ({msg}); consolidateAfter in {wait:.0f}s", reason
+            setting = (
+                "consolidateEmptyAfter"
+                if reason is DisruptionReason.EMPTY and d.consolidate_empty_after_s is not None
+                else "consolidateAfter"
             )
+            keep(n, pool, KeepReason.WAITING, f"{reason.value.lower()} ({msg}); {setting} in {wait:.0f}s", reason)
             continue
         if n.name in protected:
             keep(n, pool, KeepReason.PODS_DO_NOT_FIT, "pending pods were just planned onto this node", reason)
@@ -851,7 +855,8 @@ def plan_disruption(
                 catalog,
                 now,
                 unavailable or {},
-                *usage(),
+                node_counts(),
+                capacity_usage() if any(_has_limits(p) for p in pools) else {},
                 offers_cache,
             )
             replacements = (single,) if single is not None else ()
@@ -865,7 +870,8 @@ def plan_disruption(
                     catalog,
                     now,
                     unavailable or {},
-                    *usage(),
+                    node_counts(),
+                    capacity_usage if any(_has_limits(p) for p in pools) else None,
                 )
                 if split:
                     replacements = split
@@ -912,10 +918,13 @@ def plan_disruption(
                 )
             )
         else:
-            all_counts, all_resources = usage()
+            counted = node_counts()
+            types = catalog.by_name()
             for r in replacements:
-                all_counts[r.pool] = all_counts.get(r.pool, 0) + 1
-                all_resources[r.pool] = all_resources.get(r.pool, Resources(pods=0)) + r.allocatable
+                counted[r.pool] = counted.get(r.pool, 0) + 1
+                if cap_usage:
+                    cap = replace(types[r.instance_type].capacity, pods=0)
+                    cap_usage[0][r.pool] = cap_usage[0].get(r.pool, Resources(pods=0)) + cap
             new_price = sum(r.hourly_price for r in replacements)
             r0 = replacements[0]
             what = (
@@ -948,19 +957,20 @@ def _split_replacement(
     now: float,
     unavailable: Mapping[OfferingKey, float],
     counts: Mapping[str, int],
-    resources: Mapping[str, Resources],
+    capacity: Callable[[], Mapping[str, Resources]] | None,
 ) -> tuple[Replacement, ...]:
     """Two or more new nodes for ``pods`` costing less than ``ceiling`` $/h in all, or () (see module docstring).
 
     The pods are packed by the scale-up planner's greedy packing (no integer program) into the pools' remaining room
-    (``maxNodes`` and ``limits`` less what ``counts``/``resources`` already use); a spot node is not replaced by spot
-    nodes, and a spot-fallback node only by spot nodes.
+    (``maxNodes`` less ``counts``, ``limits`` less the raw capacity ``capacity()`` returns; None when no pool has
+    limits); a spot node is not replaced by spot nodes, and a spot-fallback node only by spot nodes.
     """
     fallback = is_spot_fallback(node, pool)
     no_spot = node.labels.get(L.CAPACITY_TYPE) == str(CapacityType.SPOT)
-    room = _pools_with_room(pools, counts, resources, fallback, no_spot)
+    room = _pools_with_room(pools, counts, capacity() if capacity is not None else {}, fallback, no_spot)
     if not room:
         return ()
+    shapes = tuple((p.request, tuple(sorted(p.node_selector.items())), p.affinity, p.tolerations) for p in pods)
     key = (
         tuple(p.key for p in pods),
         tuple(id(p) for p in room),
@@ -968,30 +978,57 @@ def _split_replacement(
         frozenset((k, t) for k, t in unavailable.items() if t > now),
     )
     hit = _SPLITS.get(key)
-    if hit is not None and hit[0] == tuple(p.request for p in pods) and hit[1] is catalog:
-        found = hit[2]
+    if (
+        hit is not None
+        and hit[1] is catalog
+        and all(a is b for a, b in zip(hit[0], room, strict=True))
+        and hit[2] == shapes
+    ):
+        found = hit[3]
     else:
         found = _pack_split(pods, room, catalog, now, unavailable)
         if len(_SPLITS) > 1024:
             _SPLITS.clear()
-        _SPLITS[key] = (tuple(p.request for p in pods), catalog, found)
+        _SPLITS[key] = (room, catalog, shapes, found)
     if len(found) < 2 or sum(r.hourly_price for r in found) >= ceiling - 1e-9:
         return ()
     return found
 
 
-_SPLITS: dict[tuple[object, ...], tuple[tuple[Request, ...], Catalog, tuple[Replacement, ...]]] = {}
+_SplitHit = tuple[tuple[NodePool, ...], Catalog, tuple[object, ...], tuple[Replacement, ...]]
+_SPLITS: dict[tuple[object, ...], _SplitHit] = {}
+"""Split packings by (pod keys, pools, catalog, unavailable offerings); the value keeps the pools (so their ids stay
+theirs) and the pods' scheduling shapes, both checked on a hit."""
+
+
+def _has_limits(pool: NodePool) -> bool:
+    lim = pool.limits
+    return (lim.cpu_milli, lim.memory_mib, lim.gpus) != (None, None, None)
+
+
+def _pool_capacity(nodes: Iterable[Node], catalog: Catalog) -> dict[str, Resources]:
+    """Raw capacity of each pool's nodes: the instance type's when its label names one, else the allocatable."""
+    types = catalog.by_name()
+    out: dict[str, Resources] = {}
+    for n in nodes:
+        if n.pool is None:
+            continue
+        it = types.get(n.labels.get(L.INSTANCE_TYPE, ""))
+        cap = it.capacity if it is not None else n.allocatable
+        out[n.pool] = out.get(n.pool, Resources(pods=0)) + replace(cap, pods=0)
+    return out
 
 
 def _pools_with_room(
     pools: Sequence[NodePool],
     counts: Mapping[str, int],
-    resources: Mapping[str, Resources],
+    capacity: Mapping[str, Resources],
     only_spot: bool,
     no_spot: bool,
 ) -> tuple[NodePool, ...]:
-    """The pools as the planner should see them for new nodes: room left under maxNodes/limits, capacity types
-    restricted. Pools needing no change are passed as they are (the planner memoises per pool object)."""
+    """The pools as the planner should see them for new nodes: room left under maxNodes (less ``counts``) and limits
+    (less the raw ``capacity`` already used), capacity types restricted. Pools needing no change are passed as they
+    are (the planner memoises per pool object)."""
     out: list[NodePool] = []
     for p in pools:
         changes: dict[str, Any] = {}
@@ -1001,8 +1038,8 @@ def _pools_with_room(
                 continue
             changes["max_nodes"] = left
         lim = p.limits
-        if (lim.cpu_milli, lim.memory_mib, lim.gpus) != (None, None, None):
-            used = resources.get(p.name, Resources(pods=0))
+        if _has_limits(p):
+            used = capacity.get(p.name, Resources(pods=0))
             changes["limits"] = PoolLimits(
                 None if lim.cpu_milli is None else lim.cpu_milli - used.cpu_milli,
                 None if lim.memory_mib is None else lim.memory_mib - used.memory_mib,
@@ -1092,7 +1129,7 @@ def _find_replacement(
     now: float,
     unavailable: Mapping[OfferingKey, float],
     counts: Mapping[str, int],
-    resources: Mapping[str, Resources],
+    capacity: Mapping[str, Resources],
     offers_cache: dict[tuple[str, tuple[CapacityType, ...] | None], list[PoolOffering]],
 ) -> Replacement | None:
     """The cheapest single node for ``pods`` (see module docstring), or None."""
@@ -1114,7 +1151,7 @@ def _find_replacement(
                     break
                 if node_is_spot and po.offering.capacity_type is CapacityType.SPOT:
                     continue
-            used = resources.get(cand_pool.name, Resources(pods=0)) + po.allocatable
+            used = capacity.get(cand_pool.name, Resources(pods=0)) + po.instance_type.capacity
             if not cand_pool.limits.allows(used):
                 continue
             if _fits_one_node(pods, po.labels, cand_pool.taints, po.allocatable):

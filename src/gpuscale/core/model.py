@@ -260,11 +260,6 @@ class Disruption:
             return self.consolidate_empty_after_s
         return self.consolidate_after_s
 
-    @property
-    def longest_wait_s(self) -> float:
-        """The longer of the two waits (for timers that must not fire late)."""
-        return max(self.consolidate_after_s, self.wait_s(True))
-
 
 @dataclass(frozen=True, slots=True)
 class NodePool:

@@ -54,7 +54,7 @@ class RunnerConfig:
 
     Reconciles caused by a change are at least ``reconcile_interval_s`` apart; a controller's future timer is
     honoured on time, at least ``min_spacing_s`` after the previous reconcile. ``settle_s`` None derives it from the
-    pools (longest ``consolidateAfter`` + 3 intervals).
+    pools (longest finite ``consolidateAfter`` or ``consolidateEmptyAfter`` + 3 intervals).
     """
 
     reconcile_interval_s: float | None = None
@@ -138,7 +138,8 @@ def run_simulation(
     spacing = min(interval, cfg.min_spacing_s)
     settle = cfg.settle_s if cfg.settle_s is not None else scenario.settle_s
     if settle is None:
-        settle = max((p.disruption.longest_wait_s for p in scenario.pools), default=0.0) + 3 * interval
+        waits = [w for p in scenario.pools for w in (p.disruption.wait_s(False), p.disruption.wait_s(True))]
+        settle = max((w for w in waits if math.isfinite(w)), default=0.0) + 3 * interval
 
     # arrivals are fed one at a time, so the heap stays small
     feed = iter(work)
