@@ -30,7 +30,7 @@ a budget with ``schedule`` and ``duration_s`` is active during ``[hit, hit + dur
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
@@ -658,14 +658,6 @@ def _fits_one_node(pods: Sequence[Pod], labels: Mapping[str, str], taints: tuple
     return True
 
 
-def _pool_counts(nodes: Iterable[Node]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for n in nodes:
-        if n.pool is not None:
-            counts[n.pool] = counts.get(n.pool, 0) + 1
-    return counts
-
-
 def plan_disruption(
     nodes: Sequence[Node],
     pods: Sequence[Pod],
@@ -759,21 +751,7 @@ def plan_disruption(
             disrupting_by_pool[n.pool] = disrupting_by_pool.get(n.pool, 0) + 1
         else:
             counts[n.pool] = counts.get(n.pool, 0) + 1
-    all_counts: list[dict[str, int]] = []
-
-    def node_counts() -> dict[str, int]:
-        """Nodes per pool, launching ones included (for maxNodes of replacements)."""
-        if not all_counts:
-            all_counts.append(_pool_counts(nodes))
-        return all_counts[0]
-
-    cap_usage: list[dict[str, Resources]] = []
-
-    def capacity_usage() -> dict[str, Resources]:
-        """Raw instance capacity per pool, the unit of pool ``limits`` for new nodes (as the planner counts)."""
-        if not cap_usage:
-            cap_usage.append(_pool_capacity(nodes, catalog))
-        return cap_usage[0]
+    market = _Market(tuple(pools), catalog, now, unavailable or {}, nodes)
 
     pdb_left = pdb_allowances(pdbs, live)
     pdb_of = {f"{b.namespace}/{b.name}": b for b in pdbs}
@@ -845,34 +823,10 @@ def plan_disruption(
             )
             continue
         if left:
-            single = _find_replacement(
-                n,
-                pool,
-                reason,
-                left,
-                price,
-                pools,
-                catalog,
-                now,
-                unavailable or {},
-                node_counts(),
-                capacity_usage() if any(_has_limits(p) for p in pools) else {},
-                offers_cache,
-            )
+            single = _find_replacement(n, pool, reason, left, price, market, offers_cache)
             replacements = (single,) if single is not None else ()
             if reason is DisruptionReason.UNDERUTILIZED and len(left) > 1:
-                split = _split_replacement(
-                    n,
-                    pool,
-                    left,
-                    single.hourly_price if single else price,
-                    pools,
-                    catalog,
-                    now,
-                    unavailable or {},
-                    node_counts(),
-                    capacity_usage if any(_has_limits(p) for p in pools) else None,
-                )
+                split = _split_replacement(n, pool, left, single.hourly_price if single else price, market)
                 if split:
                     replacements = split
             if not replacements:
@@ -918,13 +872,8 @@ def plan_disruption(
                 )
             )
         else:
-            counted = node_counts()
-            types = catalog.by_name()
             for r in replacements:
-                counted[r.pool] = counted.get(r.pool, 0) + 1
-                if cap_usage:
-                    cap = replace(types[r.instance_type].capacity, pods=0)
-                    cap_usage[0][r.pool] = cap_usage[0].get(r.pool, Resources(pods=0)) + cap
+                market.bought(r)
             new_price = sum(r.hourly_price for r in replacements)
             r0 = replacements[0]
             what = (
@@ -947,27 +896,56 @@ def plan_disruption(
     return DisruptionPlan(tuple(actions), tuple(kept), new_since)
 
 
+@dataclass(slots=True)
+class _Market:
+    """The new nodes a disruption pass may still buy: pools, catalog and offerings unavailable at ``now``, with the
+    nodes per pool (launching ones included, for ``maxNodes``) and their raw capacity per pool (for ``limits``, as the
+    planner and the launcher count it; only when some pool has limits). Replacements decided in the pass are added."""
+
+    pools: tuple[NodePool, ...]
+    catalog: Catalog
+    now: float
+    unavailable: Mapping[OfferingKey, float]
+    nodes: Sequence[Node]
+    _counts: dict[str, int] | None = None
+    _capacity: dict[str, Resources] | None = None
+
+    def counts(self) -> dict[str, int]:
+        """Nodes per pool."""
+        if self._counts is None:
+            self._counts = {}
+            for n in self.nodes:
+                if n.pool is not None:
+                    self._counts[n.pool] = self._counts.get(n.pool, 0) + 1
+        return self._counts
+
+    def capacity(self) -> dict[str, Resources]:
+        """Raw capacity per pool ({} when no pool has limits)."""
+        if self._capacity is None:
+            self._capacity = _pool_capacity(self.nodes, self.catalog) if any(_has_limits(p) for p in self.pools) else {}
+        return self._capacity
+
+    def bought(self, r: Replacement) -> None:
+        """Count a replacement decided in this pass."""
+        counts = self.counts()
+        counts[r.pool] = counts.get(r.pool, 0) + 1
+        if self._capacity:
+            cap = replace(self.catalog.by_name()[r.instance_type].capacity, pods=0)
+            self._capacity[r.pool] = self._capacity.get(r.pool, Resources(pods=0)) + cap
+
+
 def _split_replacement(
-    node: Node,
-    pool: NodePool,
-    pods: Sequence[Pod],
-    ceiling: float,
-    pools: Sequence[NodePool],
-    catalog: Catalog,
-    now: float,
-    unavailable: Mapping[OfferingKey, float],
-    counts: Mapping[str, int],
-    capacity: Callable[[], Mapping[str, Resources]] | None,
+    node: Node, pool: NodePool, pods: Sequence[Pod], ceiling: float, market: _Market
 ) -> tuple[Replacement, ...]:
     """Two or more new nodes for ``pods`` costing less than ``ceiling`` $/h in all, or () (see module docstring).
 
     The pods are packed by the scale-up planner's greedy packing (no integer program) into the pools' remaining room
-    (``maxNodes`` less ``counts``, ``limits`` less the raw capacity ``capacity()`` returns; None when no pool has
-    limits); a spot node is not replaced by spot nodes, and a spot-fallback node only by spot nodes.
+    in ``market``; a spot node is not replaced by spot nodes, and a spot-fallback node only by spot nodes.
     """
+    pools, catalog, now, unavailable = market.pools, market.catalog, market.now, market.unavailable
     fallback = is_spot_fallback(node, pool)
     no_spot = node.labels.get(L.CAPACITY_TYPE) == str(CapacityType.SPOT)
-    room = _pools_with_room(pools, counts, capacity() if capacity is not None else {}, fallback, no_spot)
+    room = _pools_with_room(pools, market.counts(), market.capacity(), fallback, no_spot)
     if not room:
         return ()
     shapes = tuple((p.request, tuple(sorted(p.node_selector.items())), p.affinity, p.tolerations) for p in pods)
@@ -1124,15 +1102,12 @@ def _find_replacement(
     reason: DisruptionReason,
     pods: Sequence[Pod],
     price: float,
-    pools: Sequence[NodePool],
-    catalog: Catalog,
-    now: float,
-    unavailable: Mapping[OfferingKey, float],
-    counts: Mapping[str, int],
-    capacity: Mapping[str, Resources],
+    market: _Market,
     offers_cache: dict[tuple[str, tuple[CapacityType, ...] | None], list[PoolOffering]],
 ) -> Replacement | None:
     """The cheapest single node for ``pods`` (see module docstring), or None."""
+    pools, catalog, now, unavailable = market.pools, market.catalog, market.now, market.unavailable
+    counts, capacity = market.counts(), market.capacity()
     drifted = reason is DisruptionReason.DRIFTED
     node_is_spot = node.labels.get(L.CAPACITY_TYPE) == str(CapacityType.SPOT)
     only: tuple[CapacityType, ...] | None = (CapacityType.SPOT,) if is_spot_fallback(node, pool) else None
