@@ -59,7 +59,7 @@ from gpuscale.core.plan import PlannerConfig
 from gpuscale.core.predicates import static_fit
 from gpuscale.core.resources import MILLI_PER_GPU, Request, Resources
 from gpuscale.core.state import ClusterState, NodeShape
-from gpuscale.core.templates import pool_templates, template_allocatable
+from gpuscale.core.templates import pool_templates, pool_totals, template_allocatable
 from gpuscale.errors import InputError
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -900,38 +900,34 @@ def plan_disruption(
 class _Market:
     """The new nodes a disruption pass may still buy: pools, catalog and offerings unavailable at ``now``, with the
     nodes per pool (launching ones included, for ``maxNodes``) and their raw capacity per pool (for ``limits``, as the
-    planner and the launcher count it; only when some pool has limits). Replacements decided in the pass are added."""
+    planner and the launcher count it). Replacements decided in the pass are added."""
 
     pools: tuple[NodePool, ...]
     catalog: Catalog
     now: float
     unavailable: Mapping[OfferingKey, float]
     nodes: Sequence[Node]
-    _counts: dict[str, int] | None = None
-    _capacity: dict[str, Resources] | None = None
+    _totals: tuple[dict[str, int], dict[str, Resources]] | None = None
+
+    def _get(self) -> tuple[dict[str, int], dict[str, Resources]]:
+        if self._totals is None:
+            self._totals = pool_totals(self.nodes, self.catalog)
+        return self._totals
 
     def counts(self) -> dict[str, int]:
         """Nodes per pool."""
-        if self._counts is None:
-            self._counts = {}
-            for n in self.nodes:
-                if n.pool is not None:
-                    self._counts[n.pool] = self._counts.get(n.pool, 0) + 1
-        return self._counts
+        return self._get()[0]
 
     def capacity(self) -> dict[str, Resources]:
-        """Raw capacity per pool ({} when no pool has limits)."""
-        if self._capacity is None:
-            self._capacity = _pool_capacity(self.nodes, self.catalog) if any(_has_limits(p) for p in self.pools) else {}
-        return self._capacity
+        """Raw capacity per pool."""
+        return self._get()[1]
 
     def bought(self, r: Replacement) -> None:
         """Count a replacement decided in this pass."""
-        counts = self.counts()
+        counts, capacity = self._get()
         counts[r.pool] = counts.get(r.pool, 0) + 1
-        if self._capacity:
-            cap = replace(self.catalog.by_name()[r.instance_type].capacity, pods=0)
-            self._capacity[r.pool] = self._capacity.get(r.pool, Resources(pods=0)) + cap
+        cap = replace(self.catalog.by_name()[r.instance_type].capacity, pods=0)
+        capacity[r.pool] = capacity.get(r.pool, Resources(pods=0)) + cap
 
 
 def _split_replacement(
@@ -982,19 +978,6 @@ theirs) and the pods' scheduling shapes, both checked on a hit."""
 def _has_limits(pool: NodePool) -> bool:
     lim = pool.limits
     return (lim.cpu_milli, lim.memory_mib, lim.gpus) != (None, None, None)
-
-
-def _pool_capacity(nodes: Iterable[Node], catalog: Catalog) -> dict[str, Resources]:
-    """Raw capacity of each pool's nodes: the instance type's when its label names one, else the allocatable."""
-    types = catalog.by_name()
-    out: dict[str, Resources] = {}
-    for n in nodes:
-        if n.pool is None:
-            continue
-        it = types.get(n.labels.get(L.INSTANCE_TYPE, ""))
-        cap = it.capacity if it is not None else n.allocatable
-        out[n.pool] = out.get(n.pool, Resources(pods=0)) + replace(cap, pods=0)
-    return out
 
 
 def _pools_with_room(

@@ -27,14 +27,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from gpuscale.core import labels as L
 from gpuscale.core.model import Catalog, InstanceType, Node, NodePool, Offering, OfferingKey, Pod, Snapshot, Taint
 from gpuscale.core.plan import Blocked, BlockReason, Launch, PlannerConfig, ScaleUpPlan
 from gpuscale.core.predicates import FitFailure, FitFailureKind, static_failure
 from gpuscale.core.resources import MILLI_PER_GPU, Request, Resources
 from gpuscale.core.scoring import Scorer, Workload, make_scorer, select
 from gpuscale.core.state import ClusterState, IntArray, NodeShape
-from gpuscale.core.templates import pool_templates
+from gpuscale.core.templates import pool_templates, pool_totals
 
 EPS = 1e-9
 
@@ -324,20 +323,7 @@ class Planner:
     def _initial_context(self) -> Context:
         shapes = [NodeShape(n.name, n.allocatable, n.gpu_model) for n in self.nodes]
         state = ClusterState(shapes)
-        pool_nodes: dict[str, int] = {}
-        pool_usage: dict[str, Resources] = {}
-        catalog = self.snapshot.catalog.by_name()
-        for n in self.nodes:
-            if n.pool is None:
-                continue
-            pool_nodes[n.pool] = pool_nodes.get(n.pool, 0) + 1
-            it = catalog.get(n.labels.get(L.INSTANCE_TYPE, ""))
-            cap = (
-                Resources(it.vcpus * 1000, it.memory_mib, it.gpu_count, 0)
-                if it
-                else Resources(n.allocatable.cpu_milli, n.allocatable.memory_mib, n.allocatable.gpus, 0)
-            )
-            pool_usage[n.pool] = pool_usage.get(n.pool, Resources(pods=0)) + cap
+        pool_nodes, pool_usage = pool_totals(self.nodes, self.snapshot.catalog)
         bound: list[list[Request]] = [[] for _ in self.nodes]
         for pod in sorted(self.snapshot.pods, key=lambda p: p.key):
             if pod.node_name is not None and pod.phase in ("Pending", "Running") and pod.node_name in self.node_index:

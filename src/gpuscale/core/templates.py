@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpuscale.core import labels as L
-from gpuscale.core.model import Catalog, InstanceType, NodePool, Offering
+from gpuscale.core.model import Catalog, InstanceType, Node, NodePool, Offering
 from gpuscale.core.predicates import match_requirement
 from gpuscale.core.resources import DEFAULT_MAX_PODS, Resources
 
@@ -91,3 +92,24 @@ def pool_templates(pool: NodePool, catalog: Catalog) -> tuple[Template, ...]:
 
 
 _TEMPLATES: dict[tuple[int, int], tuple[NodePool, Catalog, tuple[Template, ...]]] = {}
+
+
+def pool_totals(nodes: Iterable[Node], catalog: Catalog) -> tuple[dict[str, int], dict[str, Resources]]:
+    """Per pool: how many of ``nodes`` it has, and their raw capacity (the instance type's when the node's label names
+    one in ``catalog``, else its allocatable; pod slots not counted), the unit pool ``limits`` are counted in."""
+    types = catalog.by_name()
+    counts: dict[str, int] = {}
+    capacity: dict[str, Resources] = {}
+    for n in nodes:
+        if n.pool is None:
+            continue
+        counts[n.pool] = counts.get(n.pool, 0) + 1
+        it = types.get(n.labels.get(L.INSTANCE_TYPE, ""))
+        a = n.allocatable
+        cap = (
+            Resources(it.vcpus * 1000, it.memory_mib, it.gpu_count, 0)
+            if it
+            else Resources(a.cpu_milli, a.memory_mib, a.gpus, 0)
+        )
+        capacity[n.pool] = capacity.get(n.pool, Resources(pods=0)) + cap
+    return counts, capacity
