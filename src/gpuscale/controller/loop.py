@@ -460,14 +460,9 @@ class Controller:
     # ------------------------------------------------------------------------------------------------ public
     def reconcile(self) -> ReconcileResult:
         """One observe -> decide -> act round."""
-        self._wake_times = None
-        now = self.clock.now()
-        result = ReconcileResult(at=now)
-        world = self._observe(now)
+        result, world = self._begin_round()
         if world is None:
-            result.observe_failed = True
             return result
-        self._sync_claims(world)
         self._handle_provider_events(world)
         self._check_deadlines(world)
         self._progress_replacements(world)
@@ -484,16 +479,23 @@ class Controller:
 
         Request ids derive from the plan as in a normal scale-up, so calling this twice launches nothing new.
         """
+        result, world = self._begin_round()
+        if world is not None:
+            self._execute_plan(plan, world, result)
+        return result
+
+    def _begin_round(self) -> tuple[ReconcileResult, _World | None]:
+        """Start a round: forget the cached wake-up times, observe, and sync the claims with what was observed.
+        The world is None (and the result says so) when observing failed."""
         self._wake_times = None
         now = self.clock.now()
         result = ReconcileResult(at=now)
         world = self._observe(now)
         if world is None:
             result.observe_failed = True
-            return result
+            return result, None
         self._sync_claims(world)
-        self._execute_plan(plan, world, result)
-        return result
+        return result, world
 
     def next_wakeup(self) -> float | None:
         """The next future time at which a reconcile has timed work to do, or None.

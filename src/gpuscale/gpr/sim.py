@@ -60,7 +60,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
 from gpuscale.core.gpr import (
     HOLDING_STATES,
@@ -82,7 +81,7 @@ from gpuscale.manifests.problems import did_you_mean
 from gpuscale.providers.base import CloudNodeState
 from gpuscale.sim.cloud import CloudBehaviour, SimCloud
 from gpuscale.sim.engine import Dist, Engine, Timer, stream
-from gpuscale.sim.scenario import _V, _catalog, _cloud, _line_map, _Loader
+from gpuscale.sim.scenario import _V, _catalog, _cloud, load_yaml_lines
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[3] / "examples" / "gpr-scenario.yaml"
 """The shipped scenario (``examples/gpr-scenario.yaml`` of a source checkout)."""
@@ -186,14 +185,7 @@ def parse_gpr_scenario(
     :class:`InputError` naming the field (and the line, for text)."""
     lines: dict[str, int] = {}
     if isinstance(text, str):
-        try:
-            node = yaml.compose(text, Loader=_Loader)
-            data = yaml.load(text, Loader=_Loader)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"{source}:{mark.line + 1}" if mark is not None else source
-            raise InputError(f"not valid YAML: {getattr(exc, 'problem', exc)}", where=where) from exc
-        _line_map(node, "", lines)
+        data, lines = load_yaml_lines(text, source)
     else:
         data = dict(text)
     v = _V(source, lines)

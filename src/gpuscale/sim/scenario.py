@@ -213,6 +213,21 @@ def _line_map(node: yaml.Node | None, path: str, out: dict[str, int]) -> None:
             _line_map(v, f"{path}[{i}]", out)
 
 
+def load_yaml_lines(text: str, source: str) -> tuple[Any, dict[str, int]]:
+    """YAML ``text`` (duplicate keys rejected) and the line of every field path (``a.b[0].c``); a syntax error is an
+    :class:`InputError` naming ``source`` and the line."""
+    try:
+        node = yaml.compose(text, Loader=_Loader)
+        data = yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        raise InputError(f"not valid YAML: {getattr(exc, 'problem', exc)}", where=where) from exc
+    lines: dict[str, int] = {}
+    _line_map(node, "", lines)
+    return data, lines
+
+
 class _V:
     """Typed field readers that raise InputError naming file, line and field."""
 
@@ -340,15 +355,7 @@ def parse_scenario(
     text: str, *, source: str = "<scenario>", base_dir: Path | None = None, catalog: Catalog | None = None
 ) -> Scenario:
     """Validate scenario YAML text; relative paths resolve against ``base_dir`` (default: the current directory)."""
-    try:
-        node = yaml.compose(text, Loader=_Loader)
-        data = yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        raise InputError(f"not valid YAML: {getattr(exc, 'problem', exc)}", where=where) from exc
-    lines: dict[str, int] = {}
-    _line_map(node, "", lines)
+    data, lines = load_yaml_lines(text, source)
     v = _V(source, lines)
     base = base_dir or Path.cwd()
     top = v.mapping(data, "", TOP_FIELDS)
