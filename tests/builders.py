@@ -130,3 +130,13 @@ def taint(key: str, value: str = "", effect: str = "NoSchedule") -> Taint:
 
 def tol(key: str = "", op: str = "Equal", value: str = "", effect: str | None = None) -> Toleration:
     return Toleration(key, op, value, TaintEffect(effect) if effect else None)
+
+
+GPR_SPEC = {
+    "requestName": "train",
+    "gpuShape": "RTX4000-Ada",
+    "numberOfGPUs": 4,
+    "numberOfGPUNodes": 2,
+    "exitDuration": "8h",
+}
+"""A GPUProvisioningRequest spec: two nodes of four RTX4000-Ada GPUs for eight hours (copy before changing)."""

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from builders import GPR_SPEC
 from gpuscale.clock import ManualClock
 from gpuscale.core.gpr import GPR_LABEL, GPR_TAINT, GprConfig, GprNode, GprState, Trigger
 from gpuscale.core.model import CapacityType, Catalog, InstanceType, Offering, TaintEffect
@@ -121,13 +122,7 @@ def manager(tmp_path: Path, provider: FakeProvider | None = None, **kw: object) 
     return GprManager(store, CATALOG, provider=provider, clock=clock, **kw), clock  # type: ignore[arg-type]
 
 
-SPEC = {
-    "requestName": "train",
-    "gpuShape": "RTX4000-Ada",
-    "numberOfGPUs": 4,
-    "numberOfGPUNodes": 2,
-    "exitDuration": "8h",
-}
+SPEC = GPR_SPEC
 
 
 def test_dynamic_scale_up_lifecycle_deletes_nodes_by_id(tmp_path: Path) -> None:

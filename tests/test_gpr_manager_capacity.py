@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from builders import GPR_SPEC
 from gpuscale.core.gpr import (
     CapacityView,
     GprConfig,
@@ -53,13 +54,7 @@ CATALOG = Catalog(
     ),
 )
 
-SPEC = {
-    "requestName": "train",
-    "gpuShape": "RTX4000-Ada",
-    "numberOfGPUs": 4,
-    "numberOfGPUNodes": 2,
-    "exitDuration": "8h",
-}
+SPEC = GPR_SPEC
 
 
 def _key(it: str, zone: str) -> OfferingKey:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from builders import GPR_SPEC
 from gpuscale.clock import ManualClock
 from gpuscale.core.gpr import GprState, Trigger, parse_gpr_spec, transition
 from gpuscale.core.model import CapacityType, Catalog, InstanceType, Offering
@@ -34,13 +35,7 @@ CATALOG = Catalog(
         ),
     ),
 )
-SPEC = {
-    "requestName": "train",
-    "gpuShape": "RTX4000-Ada",
-    "numberOfGPUs": 4,
-    "numberOfGPUNodes": 2,
-    "exitDuration": "8h",
-}
+SPEC = GPR_SPEC
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
