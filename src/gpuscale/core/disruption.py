@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from gpuscale.core import labels as L
+from gpuscale.core.memo import Memo
 from gpuscale.core.model import (
     CapacityType,
     Catalog,
@@ -332,23 +333,17 @@ def pool_offerings(
 
     Memoised per (pool, catalog) objects, capacity types and the offerings unavailable at ``now``."""
     unavailable = unavailable or {}
-    key = (
-        id(pool),
-        id(catalog),
+    values = (
         tuple(capacity_types) if capacity_types is not None else None,
         frozenset((k, t) for k, t in unavailable.items() if t > now),
     )
-    hit = _OFFERINGS.get(key)
-    if hit is not None and hit[0] is pool and hit[1] is catalog:
-        return list(hit[2])
-    found = _pool_offerings(pool, catalog, now, unavailable, capacity_types)
-    if len(_OFFERINGS) > 1024:
-        _OFFERINGS.clear()
-    _OFFERINGS[key] = (pool, catalog, tuple(found))
-    return found
+    found = _OFFERINGS.get(
+        lambda: tuple(_pool_offerings(pool, catalog, now, unavailable, capacity_types)), values, objects=(pool, catalog)
+    )
+    return list(found)
 
 
-_OFFERINGS: dict[tuple[object, ...], tuple[NodePool, Catalog, tuple[PoolOffering, ...]]] = {}
+_OFFERINGS: Memo[tuple[PoolOffering, ...]] = Memo(1024)
 
 
 def _pool_offerings(
@@ -944,35 +939,18 @@ def _split_replacement(
     room = _pools_with_room(pools, market.counts(), market.capacity(), fallback, no_spot)
     if not room:
         return ()
-    shapes = tuple((p.request, tuple(sorted(p.node_selector.items())), p.affinity, p.tolerations) for p in pods)
-    key = (
-        tuple(p.key for p in pods),
-        tuple(id(p) for p in room),
-        id(catalog),
+    values = (
+        tuple((p.key, p.request, tuple(sorted(p.node_selector.items())), p.affinity, p.tolerations) for p in pods),
         frozenset((k, t) for k, t in unavailable.items() if t > now),
     )
-    hit = _SPLITS.get(key)
-    if (
-        hit is not None
-        and hit[1] is catalog
-        and all(a is b for a, b in zip(hit[0], room, strict=True))
-        and hit[2] == shapes
-    ):
-        found = hit[3]
-    else:
-        found = _pack_split(pods, room, catalog, now, unavailable)
-        if len(_SPLITS) > 1024:
-            _SPLITS.clear()
-        _SPLITS[key] = (room, catalog, shapes, found)
+    found = _SPLITS.get(lambda: _pack_split(pods, room, catalog, now, unavailable), values, objects=(*room, catalog))
     if len(found) < 2 or sum(r.hourly_price for r in found) >= ceiling - 1e-9:
         return ()
     return found
 
 
-_SplitHit = tuple[tuple[NodePool, ...], Catalog, tuple[object, ...], tuple[Replacement, ...]]
-_SPLITS: dict[tuple[object, ...], _SplitHit] = {}
-"""Split packings by (pod keys, pools, catalog, unavailable offerings); the value keeps the pools (so their ids stay
-theirs) and the pods' scheduling shapes, both checked on a hit."""
+_SPLITS: Memo[tuple[Replacement, ...]] = Memo(1024)
+"""Split packings by (pods and their scheduling shapes, unavailable offerings, pools, catalog)."""
 
 
 def _has_limits(pool: NodePool) -> bool:
@@ -1019,18 +997,10 @@ def _pools_with_room(
 
 def _derived(pool: NodePool, changes: dict[str, Any]) -> NodePool:
     """``replace(pool, **changes)``, the same object for the same changes (so the planner's per-pool memos hold)."""
-    key = (id(pool), tuple(sorted(changes.items())))
-    hit = _DERIVED.get(key)
-    if hit is not None and hit[0] is pool:
-        return hit[1]
-    if len(_DERIVED) > 1024:
-        _DERIVED.clear()
-    new = replace(pool, **changes)
-    _DERIVED[key] = (pool, new)
-    return new
+    return _DERIVED.get(lambda: replace(pool, **changes), tuple(sorted(changes.items())), objects=(pool,))
 
 
-_DERIVED: dict[tuple[object, ...], tuple[NodePool, NodePool]] = {}
+_DERIVED: Memo[NodePool] = Memo(1024)
 
 
 def _pack_split(

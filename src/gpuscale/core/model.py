@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gpuscale.core.labels import GPU_PRODUCT
+from gpuscale.core.memo import Memo
 from gpuscale.core.resources import Request, Resources
 
 
@@ -189,17 +190,10 @@ class Catalog:
 
     def by_name(self) -> dict[str, InstanceType]:
         """Instance types indexed by name (memoised per catalog object: treat the result as read-only)."""
-        hit = _BY_NAME.get(id(self))
-        if hit is not None and hit[0] is self:
-            return hit[1]
-        if len(_BY_NAME) > 256:
-            _BY_NAME.clear()
-        index = {it.name: it for it in self.instance_types}
-        _BY_NAME[id(self)] = (self, index)
-        return index
+        return _BY_NAME.get(lambda: {it.name: it for it in self.instance_types}, objects=(self,))
 
 
-_BY_NAME: dict[int, tuple[Catalog, dict[str, InstanceType]]] = {}
+_BY_NAME: Memo[dict[str, InstanceType]] = Memo(256)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from gpuscale.core.model import Catalog, InstanceType, Node, NodePool, Offering, OfferingKey, Pod, Snapshot, Taint
+from gpuscale.core.memo import Memo
+from gpuscale.core.model import InstanceType, Node, NodePool, Offering, OfferingKey, Pod, Snapshot, Taint
 from gpuscale.core.plan import Blocked, BlockReason, Launch, PlannerConfig, ScaleUpPlan
 from gpuscale.core.predicates import FitFailure, FitFailureKind, static_failure
 from gpuscale.core.resources import MILLI_PER_GPU, Request, Resources
@@ -70,22 +71,14 @@ def build_options(snapshot: Snapshot, now: float) -> list[Option]:
 def option_table(snapshot: Snapshot, now: float) -> tuple[Option, ...]:
     """:func:`build_options` as a shared tuple, memoised per (pools, catalog) objects and the offerings unavailable
     at ``now`` (a controller asks again and again with the same pools); the same tuple object while memoised."""
-    pools = tuple(snapshot.pools)
     blocked = frozenset((k, v) for k, v in snapshot.unavailable.items() if v > now)
-    key = (tuple(id(p) for p in pools), id(snapshot.catalog), blocked)
-    hit = _OPTIONS.get(key)
-    if hit is not None and hit[1] is snapshot.catalog and all(a is b for a, b in zip(hit[0], pools, strict=True)):
-        return hit[2]
-    result = tuple(_build_options(snapshot, now))
-    if len(_OPTIONS) > 256:
-        _OPTIONS.clear()
-        _CLASS_OPTIONS.clear()
-    _OPTIONS[key] = (pools, snapshot.catalog, result)
-    return result
+    return _OPTIONS.get(
+        lambda: tuple(_build_options(snapshot, now)), blocked, objects=(*snapshot.pools, snapshot.catalog)
+    )
 
 
-_OPTIONS: dict[tuple[object, ...], tuple[tuple[NodePool, ...], Catalog, tuple[Option, ...]]] = {}
-_CLASS_OPTIONS: dict[tuple[object, ...], tuple[tuple[Option, ...], list[int]]] = {}
+_OPTIONS: Memo[tuple[Option, ...]] = Memo(256)
+_CLASS_OPTIONS: Memo[list[int]] = Memo(4096)
 """Indices of the options a pod class may use, per (class key, option table): the same for every plan."""
 
 
@@ -413,12 +406,13 @@ class Planner:
         got = self._feasible.get(cls.index)
         if got is not None:
             return got
-        memo_key = (cls.key, id(self._table))
-        hit = _CLASS_OPTIONS.get(memo_key)
-        if hit is not None and hit[0] is self._table:
-            got = [self.options[i] for i in hit[1]]
-            self._feasible[cls.index] = got
-            return got
+        indices = _CLASS_OPTIONS.get(lambda: self._feasible_indices(cls), cls.key, objects=(self._table,))
+        got = [self.options[i] for i in indices]
+        self._feasible[cls.index] = got
+        return got
+
+    def _feasible_indices(self, cls: PodClass) -> list[int]:
+        """Indices into the option table of the options :meth:`feasible` returns."""
         pod, r = cls.example, cls.request
         fit = (self.opt_cpu >= r.cpu_milli) & (self.opt_mem >= r.memory_mib) & (self.opt_pods >= 1)
         if r.gpus:
@@ -434,13 +428,7 @@ class Planner:
                 o = self.options[int(rows[0])]
                 if static_failure(pod, o.labels, o.taints) is None:
                     ok[rows] = True
-        indices = [int(i) for i in np.flatnonzero(ok)]
-        if len(_CLASS_OPTIONS) > 4096:
-            _CLASS_OPTIONS.clear()
-        _CLASS_OPTIONS[memo_key] = (self._table, indices)
-        got = [self.options[i] for i in indices]
-        self._feasible[cls.index] = got
-        return got
+        return [int(i) for i in np.flatnonzero(ok)]
 
     def _option_groups(self, keys: tuple[str, ...]) -> list[IntArray]:
         """Options grouped by their template labels on ``keys`` and taints (cached per key set)."""
@@ -836,7 +824,7 @@ def _realizable(opt: Option, pattern: Mapping[int, int], classes: Mapping[int, P
     return True
 
 
-_MILP_SOLUTIONS: dict[tuple[object, ...], npt.NDArray[np.int64] | None] = {}
+_MILP_SOLUTIONS: Memo[npt.NDArray[np.int64] | None] = Memo(512)
 """Solutions by the exact bytes of the integer program (same program, same answer)."""
 
 
@@ -952,9 +940,8 @@ def improve_with_milp(planner: Planner, ctx: Context, time_limit_s: float) -> li
     matrix, lo_a, hi_a = np.vstack(rows), np.array(lo), np.array(hi)
     key: tuple[object, ...] = (matrix.shape, matrix.tobytes(), cost.tobytes(), lo_a.tobytes(), hi_a.tobytes())
     key += (upper.tobytes(), time_limit_s)
-    if key in _MILP_SOLUTIONS:  # the same integer program again (a controller re-plans similar batches)
-        solution = _MILP_SOLUTIONS[key]
-    else:
+
+    def solve() -> npt.NDArray[np.int64] | None:
         res = milp(
             c=cost,
             constraints=LinearConstraint(matrix, lo_a, hi_a),
@@ -962,10 +949,10 @@ def improve_with_milp(planner: Planner, ctx: Context, time_limit_s: float) -> li
             bounds=Bounds(np.zeros(ncol), upper),
             options={"time_limit": max(0.05, time_limit_s), "presolve": True},
         )
-        solution = None if res.x is None else np.round(res.x).astype(int)
-        if len(_MILP_SOLUTIONS) > 512:
-            _MILP_SOLUTIONS.clear()
-        _MILP_SOLUTIONS[key] = solution
+        return None if res.x is None else np.round(res.x).astype(int)
+
+    # the same integer program again (a controller re-plans similar batches) gets the same answer
+    solution = _MILP_SOLUTIONS.get(solve, key)
     if solution is None:
         return None
     x = solution

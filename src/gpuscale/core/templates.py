@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpuscale.core import labels as L
+from gpuscale.core.memo import Memo
 from gpuscale.core.model import Catalog, InstanceType, Node, NodePool, Offering
 from gpuscale.core.predicates import match_requirement
 from gpuscale.core.resources import DEFAULT_MAX_PODS, Resources
@@ -68,10 +69,10 @@ def pool_templates(pool: NodePool, catalog: Catalog) -> tuple[Template, ...]:
     Capacity types, availability and prices are left to the caller. Memoised per (pool, catalog) object pair, since
     planners ask for the same pools many times.
     """
-    key = (id(pool), id(catalog))
-    hit = _TEMPLATES.get(key)
-    if hit is not None and hit[0] is pool and hit[1] is catalog:
-        return hit[2]
+    return _TEMPLATES.get(lambda: _pool_templates(pool, catalog), objects=(pool, catalog))
+
+
+def _pool_templates(pool: NodePool, catalog: Catalog) -> tuple[Template, ...]:
     allowed = set(pool.instance_types)
     out: list[Template] = []
     for it in catalog.instance_types:
@@ -84,14 +85,10 @@ def pool_templates(pool: NodePool, catalog: Catalog) -> tuple[Template, ...]:
             labels = template_labels(pool, it, off)
             if all(match_requirement(r, labels) for r in pool.requirements):
                 out.append(Template(it, off, labels, alloc))
-    if len(_TEMPLATES) > 512:
-        _TEMPLATES.clear()
-    result = tuple(out)
-    _TEMPLATES[key] = (pool, catalog, result)
-    return result
+    return tuple(out)
 
 
-_TEMPLATES: dict[tuple[int, int], tuple[NodePool, Catalog, tuple[Template, ...]]] = {}
+_TEMPLATES: Memo[tuple[Template, ...]] = Memo(512)
 
 
 def pool_totals(nodes: Iterable[Node], catalog: Catalog) -> tuple[dict[str, int], dict[str, Resources]]:
