@@ -757,7 +757,6 @@ def plan_disruption(
     def keep(n: Node, pool: NodePool, why: KeepReason, msg: str, cand: DisruptionReason) -> None:
         kept.append(Kept(n.name, pool.name, why, msg, cand))
 
-    offers_cache: dict[tuple[str, tuple[CapacityType, ...] | None], list[PoolOffering]] = {}
     for *_, n, pool, reason, msg, wl in cands:
         if lazy and row[n.name] in lazy[0].received:
             continue
@@ -818,7 +817,7 @@ def plan_disruption(
             )
             continue
         if left:
-            single = _find_replacement(n, pool, reason, left, price, market, offers_cache)
+            single = _find_replacement(n, pool, reason, left, price, market)
             replacements = (single,) if single is not None else ()
             if reason is DisruptionReason.UNDERUTILIZED and len(left) > 1:
                 split = _split_replacement(n, pool, left, single.hourly_price if single else price, market)
@@ -1056,7 +1055,6 @@ def _find_replacement(
     pods: Sequence[Pod],
     price: float,
     market: _Market,
-    offers_cache: dict[tuple[str, tuple[CapacityType, ...] | None], list[PoolOffering]],
 ) -> Replacement | None:
     """The cheapest single node for ``pods`` (see module docstring), or None."""
     pools, catalog, now, unavailable = market.pools, market.catalog, market.now, market.unavailable
@@ -1068,10 +1066,7 @@ def _find_replacement(
     for cand_pool in [pool] if drifted else sorted(pools, key=lambda p: (-p.weight, p.name)):
         if cand_pool.max_nodes is not None and counts.get(cand_pool.name, 0) + 1 > cand_pool.max_nodes:
             continue
-        key = (cand_pool.name, only)
-        if key not in offers_cache:
-            offers_cache[key] = pool_offerings(cand_pool, catalog, now, unavailable, only)
-        for po in offers_cache[key]:
+        for po in pool_offerings(cand_pool, catalog, now, unavailable, only):
             if best is not None and po.price >= best.price:
                 break
             if not drifted:
