@@ -59,7 +59,6 @@ from gpuscale.core.model import (
     Offering,
     OfferingKey,
     Pod,
-    PoolLimits,
     Snapshot,
     Taint,
 )
@@ -1110,7 +1109,7 @@ class Controller:
         return count, used
 
     def _within_limits(self, pool: NodePool, it: InstanceType, w: _World) -> str | None:
-        if pool.max_nodes is None and pool.limits == PoolLimits():
+        if pool.max_nodes is None and not pool.limits.bounded:
             return None  # nothing to count against
         count, used = self._pool_usage(pool.name, w)
         if pool.max_nodes is not None and count + 1 > pool.max_nodes:

@@ -952,11 +952,6 @@ _SPLITS: Memo[tuple[Replacement, ...]] = Memo(1024)
 """Split packings by (pods and their scheduling shapes, unavailable offerings, pools, catalog)."""
 
 
-def _has_limits(pool: NodePool) -> bool:
-    lim = pool.limits
-    return (lim.cpu_milli, lim.memory_mib, lim.gpus) != (None, None, None)
-
-
 def _pools_with_room(
     pools: Sequence[NodePool],
     counts: Mapping[str, int],
@@ -976,7 +971,7 @@ def _pools_with_room(
                 continue
             changes["max_nodes"] = left
         lim = p.limits
-        if _has_limits(p):
+        if p.limits.bounded:
             used = capacity.get(p.name, Resources(pods=0))
             changes["limits"] = PoolLimits(
                 None if lim.cpu_milli is None else lim.cpu_milli - used.cpu_milli,

@@ -204,6 +204,11 @@ class PoolLimits:
     memory_mib: int | None = None
     gpus: int | None = None
 
+    @property
+    def bounded(self) -> bool:
+        """True if any limit is set."""
+        return (self.cpu_milli, self.memory_mib, self.gpus) != (None, None, None)
+
     def allows(self, total: Resources) -> bool:
         """True if ``total`` stays within every set limit."""
         return (
