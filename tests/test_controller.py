@@ -648,6 +648,54 @@ def test_orphan_node_object_is_removed() -> None:
     assert h.cluster.counters.pods_completed == 1 and not h.alive()
 
 
+class ForgetfulProvider:
+    """Forwards to a SimCloud, but acknowledges the first ``lose`` delete requests without acting on them."""
+
+    def __init__(self, inner: SimCloud, lose: int) -> None:
+        self.inner, self.name, self.lose = inner, inner.name, lose
+        self.deletes: list[float] = []
+
+    @property
+    def capabilities(self) -> ProviderCapabilities:
+        return self.inner.capabilities
+
+    def launch(self, request: LaunchRequest) -> Sequence[CloudNode]:
+        return self.inner.launch(request)
+
+    def delete_node(self, node_id: str) -> None:
+        self.deletes.append(self.inner.engine.now())
+        if self.lose > 0:
+            self.lose -= 1
+            return
+        self.inner.delete_node(node_id)
+
+    def list_nodes(self) -> Sequence[CloudNode]:
+        return self.inner.list_nodes()
+
+    def poll_errors(self) -> Sequence[ProviderEvent]:
+        return self.inner.poll_errors()
+
+
+@pytest.mark.parametrize("lose", [0, 1])
+def test_accepted_delete_is_looked_at_again_after_delete_recheck(lose: int) -> None:
+    slow = replace(FAST, deletion_latency=Dist.const(400.0))  # deleting for longer than deleteRecheck
+    h = Harness([gpu_pool(instance_types=("g1",))], behaviour=slow)
+    provider = ForgetfulProvider(h.cloud, lose)
+    h.provider = provider
+    h.ctrl = h.new_controller()
+    h.add(gpod("a"), duration=50.0)
+    h.run(200.0, step=2.0)
+    assert len(provider.deletes) == 1  # empty after ~110 s, consolidateAfter 60 s: one delete
+    first = provider.deletes[0]
+    assert h.ctrl.next_wakeup() == pytest.approx(first + CONFIG.delete_recheck_s)
+    h.run(first + CONFIG.delete_recheck_s + 10.0, step=2.0)
+    # a lost request is repeated once deleteRecheck is over; one the provider shows as deleting is not
+    assert len(provider.deletes) == 1 + lose
+    h.run(first + 1200.0, step=2.0)
+    assert not h.alive() and not h.ctrl.claims
+    assert len(provider.deletes) == 1 + lose
+
+
 # --------------------------------------------------------------------------------------------- property tests
 class Invariants:
     """Checked after every reconcile."""

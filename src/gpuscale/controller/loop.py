@@ -147,6 +147,9 @@ class ControllerConfig:
     max_backoff_s: float = 600.0
     retry_base_s: float = 2.0
     """First retry delay of a launch or delete after a transient error (doubles per attempt)."""
+    delete_recheck_s: float = 120.0
+    """After the provider accepted a delete, look again this long later and repeat the delete if the node is still
+    listed and not deleting (a lost request); once it shows as deleting, look again every ``max_backoff_s``."""
     replan_interval_s: float = 30.0
     """Re-plan unchanged pending pods at least this often."""
     max_replans: int = 6
@@ -241,6 +244,7 @@ _DURATION_KEYS = {
     "quotaBackoff": "quota_backoff_s",
     "maxBackoff": "max_backoff_s",
     "retryBase": "retry_base_s",
+    "deleteRecheck": "delete_recheck_s",
     "replanInterval": "replan_interval_s",
     "disruptionInterval": "disruption_interval_s",
     "consolidationRefresh": "consolidation_refresh_s",
@@ -1638,7 +1642,9 @@ class Controller:
         now = w.now
         c = self.claims[key]
         cloud = next((cn for cn in w.cloud if cn.node_id == c.node_id), None)
+        recheck = self.config.max_backoff_s  # the provider is deleting it: only a stuck deletion needs another look
         if c.node_id and (cloud is None or cloud.state is not CloudNodeState.DELETING):
+            recheck = self.config.delete_recheck_s
             try:
                 self.provider.delete_node(c.node_id)
             except NotFound:
@@ -1659,7 +1665,7 @@ class Controller:
                 f"deleting {c.instance_type} {c.capacity_type} in {c.zone}",
                 request_id=key,
             )
-        self._delete_retry_at[key] = now + self.config.retry_base_s * 8
+        self._delete_retry_at[key] = now + recheck
         node = self._backend_node(c, w)
         if node is not None:
             self.backend.delete_node(node.name)

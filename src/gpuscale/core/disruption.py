@@ -689,9 +689,9 @@ def plan_disruption(
             by_node.setdefault(p.node_name, []).append(p)
 
     dest = [n for n in nodes if not n.launching and not n.unschedulable and n.name not in disrupting_set]
-    row = {n.name: i for i, n in enumerate(dest)}
+    row: dict[str, int] = {}  # simulated destination rows, by node name (filled when the simulation is built)
     lazy: list[_Sim] = []
-    removed_rows: set[int] = set()
+    removed: set[str] = set()
     # Free room per destination and in total: an upper bound that rules out most hopeless moves without simulating.
     free_of = {n.name: free_room(n, by_node.get(n.name, ())) for n in dest}
     free_total = tuple(sum(max(0, f[k]) for f in free_of.values()) for k in range(4))
@@ -709,11 +709,20 @@ def plan_disruption(
     def simulation() -> _Sim:
         """The destination nodes' free capacity (built only once a candidate passes the cheap checks)."""
         if not lazy:
-            state = ClusterState([NodeShape(n.name, n.allocatable, n.gpu_model) for n in dest])
-            state.occupy_all([[p.request for p in by_node.get(n.name, ())] for n in dest])
-            usable = np.ones(len(dest), dtype=bool)
-            usable[list(removed_rows)] = False
-            lazy.append(_Sim(dest, state, usable))
+            # A node without the CPU, memory or pod slot the smallest candidate pod needs never takes a pod this pass
+            # (room only shrinks), so it is left out; the order of the others (which breaks ties) is kept.
+            movers = [p.request for c in cands for p in c[-1]]
+            lo_cpu = min((r.cpu_milli for r in movers), default=0)
+            lo_mem = min((r.memory_mib for r in movers), default=0)
+            rows = [
+                n for n in dest if (f := free_of[n.name])[3] >= 1 and max(0, f[0]) >= lo_cpu and max(0, f[1]) >= lo_mem
+            ]
+            row.update((n.name, i) for i, n in enumerate(rows))
+            state = ClusterState([NodeShape(n.name, n.allocatable, n.gpu_model) for n in rows])
+            state.occupy_all([[p.request for p in by_node.get(n.name, ())] for n in rows])
+            usable = np.ones(len(rows), dtype=bool)
+            usable[[row[name] for name in removed if name in row]] = False
+            lazy.append(_Sim(rows, state, usable))
         return lazy[0]
 
     # Classify.
@@ -758,7 +767,7 @@ def plan_disruption(
         kept.append(Kept(n.name, pool.name, why, msg, cand))
 
     for *_, n, pool, reason, msg, wl in cands:
-        if lazy and row[n.name] in lazy[0].received:
+        if lazy and row.get(n.name, -1) in lazy[0].received:
             continue
         d = pool.disruption
         after = d.wait_s(reason is DisruptionReason.EMPTY)
@@ -806,7 +815,7 @@ def plan_disruption(
 
         if may_fit_elsewhere(n, wl):
             sim = simulation()
-            new_state, left, dests = sim.fit_elsewhere(wl, row[n.name])
+            new_state, left, dests = sim.fit_elsewhere(wl, row.get(n.name, -1))
         else:
             new_state, left, dests = None, list(wl), set()
         price = node_price(n, catalog)
@@ -842,8 +851,8 @@ def plan_disruption(
             sim = simulation()
             sim.state = new_state
             sim.received |= dests
-        removed_rows.add(row[n.name])
-        if lazy:
+        removed.add(n.name)
+        if lazy and n.name in row:
             lazy[0].usable[row[n.name]] = False
         if not stays_in_pool:
             counts[pool.name] = counts.get(pool.name, 0) - 1

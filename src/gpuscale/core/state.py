@@ -46,22 +46,23 @@ class ClusterState:
     """
 
     def __init__(self, shapes: Sequence[NodeShape], max_gpus: int | None = None) -> None:
-        n = len(shapes)
-        g = max([s.capacity.gpus for s in shapes] + [max_gpus or 0, 1])
+        caps = [s.capacity for s in shapes]
+        gpus = [c.gpus for c in caps]
+        g = max([*gpus, max_gpus or 0, 1])
         self.names: list[str] = [s.name for s in shapes]
         self.models: list[str | None] = sorted({s.gpu_model for s in shapes}, key=lambda m: (m is None, m or ""))
         model_index = {m: i for i, m in enumerate(self.models)}
         self.model_idx: IntArray = np.array([model_index[s.gpu_model] for s in shapes], dtype=np.int64)
-        self.cpu_cap: IntArray = np.array([s.capacity.cpu_milli for s in shapes], dtype=np.int64)
-        self.mem_cap: IntArray = np.array([s.capacity.memory_mib for s in shapes], dtype=np.int64)
-        self.gpu_cap: IntArray = np.array([s.capacity.gpus for s in shapes], dtype=np.int64)
-        self.pods_cap: IntArray = np.array([s.capacity.pods for s in shapes], dtype=np.int64)
+        self.cpu_cap: IntArray = np.array([c.cpu_milli for c in caps], dtype=np.int64)
+        self.mem_cap: IntArray = np.array([c.memory_mib for c in caps], dtype=np.int64)
+        self.gpu_cap: IntArray = np.array(gpus, dtype=np.int64)
+        self.pods_cap: IntArray = np.array([c.pods for c in caps], dtype=np.int64)
         self.cpu_free: IntArray = self.cpu_cap.copy()
         self.mem_free: IntArray = self.mem_cap.copy()
         self.pods_free: IntArray = self.pods_cap.copy()
-        self.gpu_free: IntArray = np.full((n, g), ABSENT_GPU, dtype=np.int64)
-        for i, s in enumerate(shapes):
-            self.gpu_free[i, : s.capacity.gpus] = MILLI_PER_GPU
+        self.gpu_free: IntArray = np.where(
+            np.arange(g)[None, :] < self.gpu_cap[:, None], MILLI_PER_GPU, ABSENT_GPU
+        ).astype(np.int64)
         self.full_free: IntArray = self.gpu_cap.copy()
         """Number of entirely free GPUs per node."""
         self.max_free: IntArray = np.where(self.gpu_cap > 0, MILLI_PER_GPU, ABSENT_GPU).astype(np.int64)
@@ -178,6 +179,11 @@ class ClusterState:
         cpu = [0] * n
         mem = [0] * n
         cnt = [0] * n
+        gpu_cap = self.gpu_cap.tolist()
+        full_free = self.full_free.tolist()
+        width = self.gpu_free.shape[1]
+        rows: list[list[int]] | None = None
+        changed: dict[int, tuple[list[int], int, int]] = {}
         for i, reqs in enumerate(requests_per_row):
             if not reqs:
                 continue
@@ -191,15 +197,14 @@ class ClusterState:
                     fractions.append(r.gpu_milli)
             cpu[i], mem[i], cnt[i] = c, m, len(reqs)
             if whole or fractions:
-                fresh = self.full_free[i] == self.gpu_cap[i]
-                key = (int(self.gpu_cap[i]), self.gpu_free.shape[1], whole, tuple(fractions))
+                fresh = full_free[i] == gpu_cap[i]
+                key = (gpu_cap[i], width, whole, tuple(fractions))
                 if fresh and key in _FRESH_ROWS:  # same GPU requests on an untouched node of the same size
-                    row, full, top = _FRESH_ROWS[key]
-                    self.gpu_free[i] = row
-                    self.full_free[i] = full
-                    self.max_free[i] = top
+                    changed[i] = _FRESH_ROWS[key]
                     continue
-                row = self.gpu_free[i].tolist()
+                if rows is None:
+                    rows = self.gpu_free.tolist()
+                row = rows[i]
                 if whole:
                     free = [g for g, v in enumerate(row) if v == MILLI_PER_GPU]
                     for g in free[:whole]:
@@ -212,13 +217,18 @@ class ClusterState:
                     g = _best_gpu(row, milli)
                     if row[g] > 0:
                         row[g] = max(0, row[g] - milli)
-                self.gpu_free[i] = row
-                self.full_free[i] = row.count(MILLI_PER_GPU)
-                self.max_free[i] = max(row)
+                done = (row, row.count(MILLI_PER_GPU), max(row))
+                changed[i] = done
                 if fresh:
                     if len(_FRESH_ROWS) > 4096:
                         _FRESH_ROWS.clear()
-                    _FRESH_ROWS[key] = (row, int(self.full_free[i]), int(self.max_free[i]))
+                    _FRESH_ROWS[key] = done
+        if changed:
+            idx = list(changed)
+            vals = list(changed.values())
+            self.gpu_free[idx] = [v[0] for v in vals]
+            self.full_free[idx] = [v[1] for v in vals]
+            self.max_free[idx] = [v[2] for v in vals]
         self.cpu_free = np.maximum(0, self.cpu_free - np.array(cpu, dtype=np.int64))
         self.mem_free = np.maximum(0, self.mem_free - np.array(mem, dtype=np.int64))
         self.pods_free = np.maximum(0, self.pods_free - np.array(cnt, dtype=np.int64))

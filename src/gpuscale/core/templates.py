@@ -96,17 +96,27 @@ def pool_totals(nodes: Iterable[Node], catalog: Catalog) -> tuple[dict[str, int]
     one in ``catalog``, else its allocatable; pod slots not counted), the unit pool ``limits`` are counted in."""
     types = catalog.by_name()
     counts: dict[str, int] = {}
-    capacity: dict[str, Resources] = {}
+    sums: dict[str, list[int]] = {}  # cpu milli, memory MiB, GPUs (plain ints: far cheaper than adding Resources)
+    raw: dict[str, tuple[int, int, int]] = {}  # per instance type in the catalog
     for n in nodes:
-        if n.pool is None:
+        pool = n.pool
+        if pool is None:
             continue
-        counts[n.pool] = counts.get(n.pool, 0) + 1
-        it = types.get(n.labels.get(L.INSTANCE_TYPE, ""))
-        a = n.allocatable
-        cap = (
-            Resources(it.vcpus * 1000, it.memory_mib, it.gpu_count, 0)
-            if it
-            else Resources(a.cpu_milli, a.memory_mib, a.gpus, 0)
-        )
-        capacity[n.pool] = capacity.get(n.pool, Resources(pods=0)) + cap
-    return counts, capacity
+        counts[pool] = counts.get(pool, 0) + 1
+        name = n.labels.get(L.INSTANCE_TYPE, "")
+        cap = raw.get(name)
+        if cap is None:
+            it = types.get(name)
+            if it is not None:
+                cap = raw[name] = (it.vcpus * 1000, it.memory_mib, it.gpu_count)
+            else:
+                a = n.allocatable
+                cap = (a.cpu_milli, a.memory_mib, a.gpus)
+        acc = sums.get(pool)
+        if acc is None:
+            sums[pool] = list(cap)
+        else:
+            acc[0] += cap[0]
+            acc[1] += cap[1]
+            acc[2] += cap[2]
+    return counts, {pool: Resources(c, m, g, 0) for pool, (c, m, g) in sums.items()}
