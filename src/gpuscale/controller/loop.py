@@ -35,6 +35,7 @@ from typing import Any
 
 from gpuscale.clock import Clock
 from gpuscale.controller.backend import ClusterBackend, Event
+from gpuscale.controller.claims import ClaimTable
 from gpuscale.core import labels as L
 from gpuscale.core.disruption import (
     SPOT_FALLBACK_LABEL,
@@ -414,8 +415,8 @@ class Controller:
         self.config = config or ControllerConfig()
         self._plan_fn: PlanFn = planner or _default_planner()
         self._types: dict[str, InstanceType] = catalog.by_name()
-        self.claims: dict[str, NodeClaim] = {}
-        """Live node claims by request id."""
+        self.claims = ClaimTable()
+        """Live node claims by request id (indexed by phase)."""
         self.unavailable: dict[OfferingKey, float] = {}
         """Offerings not to be bought until the given time."""
         self._burnt: set[str] = set()
@@ -517,14 +518,10 @@ class Controller:
         times: list[float] = []
         if self._batch_start is not None:
             times.append(min(self._batch_last + self.config.batch_idle_s, self._batch_start + self.config.batch_max_s))
-        pool_of: dict[str, str] = {}
-        for c in self.claims.values():
-            if c.node_name:
-                pool_of.setdefault(c.node_name, c.pool)
-            if c.phase in TIMED_PHASES:
-                t = deadline(c)
-                if t is not None:
-                    times.append(t + 1e-6)
+        for _, c in self.claims.in_phases(TIMED_PHASES):
+            t = deadline(c)
+            if t is not None:
+                times.append(t + 1e-6)
         for key in self._unlisted:
             unlisted = self.claims.get(key)
             if unlisted is not None and unlisted.phase is ClaimPhase.LAUNCHED:
@@ -537,7 +534,7 @@ class Controller:
             times += self.unavailable.values()
             times += self._spot_fallback_until.values()
         for name, t in self._since.items():
-            pool = self.pools.get(pool_of.get(name, ""))
+            pool = self._pool_of_node(name)
             if pool is not None:
                 times.append(t + pool.disruption.wait_s(self._class_cache.get(name) is DisruptionReason.EMPTY))
         if self._disruption_skipped:
@@ -712,10 +709,7 @@ class Controller:
         return None
 
     def _claim_by_node_name(self, name: str) -> tuple[str, NodeClaim] | None:
-        for key, c in self.claims.items():
-            if c.node_name == name:
-                return key, c
-        return None
+        return self.claims.by_node_name(name)
 
     # --------------------------------------------------------------------------------------- provider events
     def _handle_provider_events(self, w: _World) -> None:
@@ -792,8 +786,8 @@ class Controller:
     # ------------------------------------------------------------------------------------------- deadlines
     def _check_deadlines(self, w: _World) -> None:
         now = w.now
-        for key, c in list(self.claims.items()):
-            if c.phase not in TIMED_PHASES or not expired(c, now):
+        for key, c in self.claims.in_phases(TIMED_PHASES):
+            if not expired(c, now):
                 continue
             ev = timeout_event(c)
             assert ev is not None
@@ -849,8 +843,8 @@ class Controller:
 
     # ----------------------------------------------------------------------------------------------- scale up
     def _retry_requested(self, w: _World, result: ReconcileResult) -> None:
-        for key, c in list(self.claims.items()):
-            if c.phase is ClaimPhase.REQUESTED and self._retry_at.get(key, -math.inf) <= w.now:
+        for key, c in self.claims.in_phases((ClaimPhase.REQUESTED,)):
+            if self._retry_at.get(key, -math.inf) <= w.now:
                 if self._backed_off(c.pool, w.now):
                     continue
                 outcome = self._call_launch(key, w)
@@ -862,7 +856,7 @@ class Controller:
     def _pending(self, w: _World) -> tuple[list[Pod], list[Pod]]:
         """(real pending pods, pods of draining nodes shown to the planner as pending)."""
         real = [p for p in w.unbound() if p.phase == "Pending" and not p.is_daemonset]
-        leaving = {c.node_name for c in self.claims.values() if c.node_name and c.phase in _LEAVING}
+        leaving = {c.node_name for _, c in self.claims.in_phases(_LEAVING) if c.node_name}
         by_node = w.by_node()
         virtual = [
             replace(p, node_name=None, phase="Pending")
@@ -935,11 +929,10 @@ class Controller:
         that is still coming up (or, within ``replan_interval_s``, onto any schedulable node)."""
         in_flight: set[str] = set()
         coming_up: set[str] = set()
-        for c in self.claims.values():
-            if c.phase in (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED):
-                in_flight.update(c.pods)
-                if c.node_name:
-                    coming_up.add(c.node_name)
+        for _, c in self.claims.in_phases((ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED)):
+            in_flight.update(c.pods)
+            if c.node_name:
+                coming_up.add(c.node_name)
         fresh = w.now - self._last_plan_at < self.config.replan_interval_s
         for p in real:
             if p.key in in_flight:
@@ -1366,18 +1359,13 @@ class Controller:
             return
         candidates: set[str] = set()
         disrupting: set[str] = set(self._replacements)
-        node_pool: dict[str, str] = {}
+        replacing = self._replacements
         for c in self.claims.values():
             name = c.node_name
-            if not name:
-                continue
-            node_pool.setdefault(name, c.pool)
-            if c.phase is ClaimPhase.INITIALIZED:
-                # neither a node being replaced nor one of its (already ready) replacements is a candidate
-                if name not in self._replacements and c.replaces not in self._replacements:
-                    candidates.add(name)
-            elif c.phase in _LEAVING:
-                disrupting.add(name)
+            # neither a node being replaced nor one of its (already ready) replacements is a candidate
+            if name and c.phase is ClaimPhase.INITIALIZED and name not in replacing and c.replaces not in replacing:
+                candidates.add(name)
+        disrupting.update(c.node_name for _, c in self.claims.in_phases(_LEAVING) if c.node_name)
         by_node = w.by_node()
 
         def on_node(name: str) -> frozenset[str]:
@@ -1414,8 +1402,7 @@ class Controller:
         due = [
             n
             for n, why in classes.items()
-            if n not in resting
-            and (why is DisruptionReason.DRIFTED or now - self._since[n] >= self._after(n, node_pool))
+            if n not in resting and (why is DisruptionReason.DRIFTED or now - self._since[n] >= self._after(n))
         ]
         if not due:
             self._disruption_skipped = False
@@ -1451,9 +1438,7 @@ class Controller:
             frozenset(unavailable),
             frozenset((k, round(v, 1)) for k, v in w.utilization.items()) if measured else None,
         )
-        timer_due = any(
-            self._last_evaluation < t + self._after(name, node_pool) <= now for name, t in self._since.items()
-        )
+        timer_due = any(self._last_evaluation < t + self._after(name) <= now for name, t in self._since.items())
         if (
             signature == self._disruption_signature
             and not timer_due
@@ -1586,18 +1571,16 @@ class Controller:
                     return True
         return False
 
-    def _after(self, node_name: str, node_pool: Mapping[str, str] | None = None) -> float:
-        """How long the node must stay a candidate: its pool's wait for empty or for underutilised nodes.
-
-        ``node_pool`` (node name -> pool name of its claim) saves looking the claim up."""
-        pool = self.pools.get(node_pool.get(node_name, "")) if node_pool is not None else self._pool_of_node(node_name)
+    def _after(self, node_name: str) -> float:
+        """How long the node must stay a candidate: its pool's wait for empty or for underutilised nodes."""
+        pool = self._pool_of_node(node_name)
         empty = self._class_cache.get(node_name) is DisruptionReason.EMPTY
         return pool.disruption.wait_s(empty) if pool is not None else 0.0
 
     def _drain_and_delete(self, w: _World, result: ReconcileResult) -> None:
         now = w.now
         allow: dict[str, int] | None = None
-        for key, c in list(self.claims.items()):
+        for key, c in self.claims.in_phases((ClaimPhase.DRAINING, ClaimPhase.FAILED, ClaimPhase.DELETING)):
             if c.phase is ClaimPhase.DRAINING:
                 if allow is None:
                     allow = pdb_allowances(w.pdbs, w.pods)

@@ -1,0 +1,102 @@
+"""The controller's live node claims by request id, indexed by phase.
+
+Most claims of a running cluster sit in Initialized for hours, while every reconcile looks for the few that are
+requested, coming up, draining or deleting. :class:`ClaimTable` is a plain ``dict`` (request id -> claim) that also
+keeps the keys of each phase, so those steps visit only the claims they act on, in the table's own order (the order
+the claims were first added), as a scan of the whole table would. It also finds the claim of a node name at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from gpuscale.core.nodeclaim import ClaimPhase, NodeClaim
+
+
+class ClaimTable(dict[str, NodeClaim]):
+    """``dict`` of claims with a per-phase index (see the module docstring).
+
+    Only ``[key] = claim``, ``del``, :meth:`pop` and :meth:`clear` change it; the other mutating ``dict`` methods
+    raise ``TypeError`` so that the index cannot go stale.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._phase_keys: dict[ClaimPhase, dict[str, None]] = {p: {} for p in ClaimPhase}
+        self._order: dict[str, int] = {}
+        self._added = 0
+        self._named: dict[str, dict[str, None]] = {}
+
+    def __setitem__(self, key: str, claim: NodeClaim) -> None:
+        old = dict.get(self, key)
+        if old is None:
+            self._order[key] = self._added
+            self._added += 1
+            self._phase_keys[claim.phase][key] = None
+            if claim.node_name:
+                self._named.setdefault(claim.node_name, {})[key] = None
+        else:
+            if old.phase is not claim.phase:
+                del self._phase_keys[old.phase][key]
+                self._phase_keys[claim.phase][key] = None
+            if old.node_name != claim.node_name:
+                self._unname(key, old.node_name)
+                if claim.node_name:
+                    self._named.setdefault(claim.node_name, {})[key] = None
+        dict.__setitem__(self, key, claim)
+
+    def _unname(self, key: str, name: str) -> None:
+        keys = self._named.get(name)
+        if keys is not None:
+            keys.pop(key, None)
+            if not keys:
+                del self._named[name]
+
+    def __delitem__(self, key: str) -> None:
+        old = dict.pop(self, key)
+        del self._phase_keys[old.phase][key]
+        del self._order[key]
+        self._unname(key, old.node_name)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        """``dict.pop``, keeping the index."""
+        if key in self:
+            claim = self[key]
+            del self[key]
+            return claim
+        if default:
+            return default[0]
+        raise KeyError(key)
+
+    def clear(self) -> None:
+        """Remove every claim."""
+        dict.clear(self)
+        for keys in self._phase_keys.values():
+            keys.clear()
+        self._order.clear()
+        self._named.clear()
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("ClaimTable changes only through [key] = claim, del, pop and clear")
+
+    update = setdefault = popitem = __ior__ = _read_only
+
+    def in_phases(self, phases: Iterable[ClaimPhase]) -> list[tuple[str, NodeClaim]]:
+        """(key, claim) of every claim in one of ``phases``, in table order (a list: safe to change the table while
+        going through it)."""
+        keys = [k for p in phases for k in self._phase_keys[p]]
+        keys.sort(key=self._order.__getitem__)
+        return [(k, dict.__getitem__(self, k)) for k in keys]
+
+    def count(self, phase: ClaimPhase) -> int:
+        """How many claims are in ``phase``."""
+        return len(self._phase_keys[phase])
+
+    def by_node_name(self, name: str) -> tuple[str, NodeClaim] | None:
+        """(key, claim) of the first claim (in table order) whose node is ``name``, or None."""
+        keys = self._named.get(name)
+        if not keys:
+            return None
+        key = min(keys, key=self._order.__getitem__) if len(keys) > 1 else next(iter(keys))
+        return key, dict.__getitem__(self, key)

@@ -1,0 +1,71 @@
+"""ClaimTable: a dict of claims whose phase and node-name indexes always agree with a scan of the table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuscale.controller.claims import ClaimTable
+from gpuscale.core.model import CapacityType
+from gpuscale.core.nodeclaim import ClaimPhase, NodeClaim
+
+PHASES = list(ClaimPhase)
+
+
+def claim(key: str, phase: ClaimPhase, node: str) -> NodeClaim:
+    return NodeClaim(key, "gpu", "g1", "z1", CapacityType.ON_DEMAND, phase=phase, node_name=node)
+
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["set", "del", "pop", "clear"]),
+        st.sampled_from([f"k{i}" for i in range(6)]),
+        st.sampled_from(PHASES),
+        st.sampled_from(["", "n0", "n1", "n2"]),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_indexes_match_a_scan_after_any_changes(steps: list[tuple[str, str, ClaimPhase, str]]) -> None:
+    table = ClaimTable()
+    plain: dict[str, NodeClaim] = {}
+    for op, key, phase, node in steps:
+        if op == "set":
+            table[key] = plain[key] = claim(key, phase, node)
+        elif op == "del" and key in plain:
+            del table[key], plain[key]
+        elif op == "pop":
+            assert table.pop(key, None) == plain.pop(key, None)
+        elif op == "clear" and len(plain) > 4:
+            table.clear()
+            plain.clear()
+        assert dict(table) == plain and list(table) == list(plain)
+        for group in ([phase], [ClaimPhase.DRAINING, ClaimPhase.FAILED, ClaimPhase.DELETING], PHASES):
+            assert table.in_phases(group) == [(k, c) for k, c in plain.items() if c.phase in group]
+        for p in PHASES:
+            assert table.count(p) == sum(1 for c in plain.values() if c.phase is p)
+        for name in ("n0", "n1", "n2", ""):
+            first = next(((k, c) for k, c in plain.items() if c.node_name == name), None)
+            assert table.by_node_name(name) == (first if name else None)
+
+
+def test_changing_through_other_dict_methods_is_refused() -> None:
+    table = ClaimTable()
+    c = claim("a", ClaimPhase.REQUESTED, "")
+    calls: list[Callable[[], object]] = [
+        lambda: table.update(a=c),
+        lambda: table.setdefault("a", c),
+        lambda: table.popitem(),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError, match="ClaimTable changes only"):
+            call()
+    with pytest.raises(KeyError):
+        table.pop("missing")
+    assert table == {}
