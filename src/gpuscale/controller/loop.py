@@ -601,6 +601,8 @@ class Controller:
             seen.add(key)
             self.claims[key] = self._advance(claim, w)
         self._unlisted = set()
+        if len(seen) + self.claims.count(ClaimPhase.REQUESTED) == len(self.claims):
+            return  # every claim was listed, or is still Requested (seen claims are never Requested)
         for key, claim in list(self.claims.items()):
             if key in seen or claim.phase is ClaimPhase.REQUESTED:
                 continue

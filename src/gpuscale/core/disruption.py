@@ -694,7 +694,12 @@ def plan_disruption(
     removed: set[str] = set()
     # Free room per destination and in total: an upper bound that rules out most hopeless moves without simulating.
     free_of = {n.name: free_room(n, by_node.get(n.name, ())) for n in dest}
-    free_total = tuple(sum(max(0, f[k]) for f in free_of.values()) for k in range(4))
+    total = [0, 0, 0, 0]
+    for f in free_of.values():
+        for dim in range(4):
+            if f[dim] > 0:
+                total[dim] += f[dim]
+    free_total = tuple(total)
 
     def may_fit_elsewhere(n: Node, wl: Sequence[Pod]) -> bool:
         own = free_of.get(n.name, (0, 0, 0, 0))
