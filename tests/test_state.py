@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuscale.core.resources import Request, Resources
-from gpuscale.core.state import ClusterState, NodeShape
+from gpuscale.core.state import ClusterState, NodeShape, gpu_room
 
 requests = st.builds(
     lambda cpu, mem, kind, gpus, milli: Request(cpu, mem, gpus if kind == 0 else 0, milli if kind == 1 else 0),
@@ -72,3 +72,18 @@ def test_remembered_rows_equal_computed_ones_and_only_for_untouched_nodes(
     state_mod._FRESH_ROWS.clear()
     without.occupy_all([reqs])
     assert with_memo.gpu_free.tolist() == without.gpu_free.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), requests), max_size=30))
+def test_gpu_room_is_what_bulk_loading_leaves(bound: list[tuple[int, Request]]) -> None:
+    """gpu_room (used to rule out moves without building a state) agrees with occupy_all, overcommitted or not."""
+    sizes = (0, 1, 2, 8)
+    st_ = ClusterState([NodeShape(f"n{i}", Resources(16000, 65536, g, 110), "T4" if g else None) for i, g in
+                        enumerate(sizes)])  # fmt: skip
+    per_row: list[list[Request]] = [[] for _ in sizes]
+    for row, req in bound:
+        per_row[row].append(req)
+    st_.occupy_all(per_row)
+    for i, g in enumerate(sizes):
+        assert gpu_room(g, per_row[i]) == (int(st_.full_free[i]), int(st_.max_free[i]))

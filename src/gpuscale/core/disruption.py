@@ -59,7 +59,7 @@ from gpuscale.core.model import (
 from gpuscale.core.plan import PlannerConfig
 from gpuscale.core.predicates import static_fit
 from gpuscale.core.resources import MILLI_PER_GPU, Request, Resources
-from gpuscale.core.state import ClusterState, NodeShape
+from gpuscale.core.state import ClusterState, NodeShape, gpu_room
 from gpuscale.core.templates import pool_templates, pool_totals, template_allocatable
 from gpuscale.errors import InputError
 
@@ -711,17 +711,49 @@ def plan_disruption(
         )
         return all(need[k] <= free_total[k] - max(0, own[k]) for k in range(4))
 
-    def simulation() -> _Sim:
-        """The destination nodes' free capacity (built only once a candidate passes the cheap checks)."""
-        if not lazy:
-            # A node without the CPU, memory or pod slot the smallest candidate pod needs never takes a pod this pass
-            # (room only shrinks), so it is left out; the order of the others (which breaks ties) is kept.
+    receivers: list[list[tuple[Node, tuple[int, int, int, int]]]] = []
+
+    def may_receive() -> list[tuple[Node, tuple[int, int, int, int]]]:
+        """The destinations that might take a candidate's pod, with their room before this pass (free CPU, memory,
+        entirely free GPUs, largest free GPU share).
+
+        A node without the CPU, memory or pod slot the smallest candidate pod needs never takes a pod this pass (room
+        only shrinks), so it is left out; the order of the others (which breaks ties) is kept."""
+        if not receivers:
             movers = [p.request for c in cands for p in c[-1]]
             lo_cpu = min((r.cpu_milli for r in movers), default=0)
             lo_mem = min((r.memory_mib for r in movers), default=0)
-            rows = [
-                n for n in dest if (f := free_of[n.name])[3] >= 1 and max(0, f[0]) >= lo_cpu and max(0, f[1]) >= lo_mem
-            ]
+            out = []
+            for n in dest:
+                f = free_of[n.name]
+                if f[3] >= 1 and max(0, f[0]) >= lo_cpu and max(0, f[1]) >= lo_mem:
+                    gpus = gpu_room(n.allocatable.gpus, [p.request for p in by_node.get(n.name, ())])
+                    out.append((n, (max(0, f[0]), max(0, f[1]), *gpus)))
+            receivers.append(out)
+        return receivers[0]
+
+    def any_may_move(n: Node, wl: Sequence[Pod]) -> bool:
+        """False if no pod of ``wl`` fits any other destination even before this pass took room (then simulating
+        would move none of them)."""
+        for p in wl:
+            r = p.request
+            models = r.gpu_models if r.wants_gpu else None
+            for m, (cpu, mem, full, top) in may_receive():
+                if (
+                    m.name != n.name
+                    and cpu >= r.cpu_milli
+                    and mem >= r.memory_mib
+                    and (full >= r.gpus if r.gpus else (not r.gpu_milli or top >= r.gpu_milli))
+                    and (models is None or m.gpu_model in models)
+                    and static_fit(p, m.labels, m.taints) is None
+                ):
+                    return True
+        return False
+
+    def simulation() -> _Sim:
+        """The destination nodes' free capacity (built only once a candidate passes the cheap checks)."""
+        if not lazy:
+            rows = [n for n, _ in may_receive()]
             row.update((n.name, i) for i, n in enumerate(rows))
             state = ClusterState([NodeShape(n.name, n.allocatable, n.gpu_model) for n in rows])
             state.occupy_all([[p.request for p in by_node.get(n.name, ())] for n in rows])
@@ -818,7 +850,7 @@ def plan_disruption(
             keep(n, pool, KeepReason.BUDGET, f"{reason} disruptions of pool {pool.name} exhausted by {what}", reason)
             continue
 
-        if may_fit_elsewhere(n, wl):
+        if may_fit_elsewhere(n, wl) and any_may_move(n, wl):
             sim = simulation()
             new_state, left, dests = sim.fit_elsewhere(wl, row.get(n.name, -1))
         else:

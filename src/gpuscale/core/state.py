@@ -7,7 +7,7 @@ GPU slots a node does not have hold ``-1`` so that they never fit anything.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -197,32 +197,14 @@ class ClusterState:
                     fractions.append(r.gpu_milli)
             cpu[i], mem[i], cnt[i] = c, m, len(reqs)
             if whole or fractions:
-                fresh = full_free[i] == gpu_cap[i]
-                key = (gpu_cap[i], width, whole, tuple(fractions))
-                if fresh and key in _FRESH_ROWS:  # same GPU requests on an untouched node of the same size
-                    changed[i] = _FRESH_ROWS[key]
+                if full_free[i] == gpu_cap[i]:  # an untouched node: the same requests always land the same way
+                    changed[i] = _fresh_row(gpu_cap[i], width, whole, tuple(fractions))
                     continue
                 if rows is None:
                     rows = self.gpu_free.tolist()
                 row = rows[i]
-                if whole:
-                    free = [g for g, v in enumerate(row) if v == MILLI_PER_GPU]
-                    for g in free[:whole]:
-                        row[g] = 0
-                    short = whole - min(whole, len(free))
-                    if short:  # overcommitted: take the freest of what is left
-                        for g in sorted(range(len(row)), key=lambda x: -row[x])[:short]:
-                            row[g] = 0 if row[g] > 0 else row[g]
-                for milli in fractions:
-                    g = _best_gpu(row, milli)
-                    if row[g] > 0:
-                        row[g] = max(0, row[g] - milli)
-                done = (row, row.count(MILLI_PER_GPU), max(row))
-                changed[i] = done
-                if fresh:
-                    if len(_FRESH_ROWS) > 4096:
-                        _FRESH_ROWS.clear()
-                    _FRESH_ROWS[key] = done
+                _take(row, whole, fractions)
+                changed[i] = (row, row.count(MILLI_PER_GPU), max(row))
         if changed:
             idx = list(changed)
             vals = list(changed.values())
@@ -260,6 +242,52 @@ class ClusterState:
 _FRESH_ROWS: dict[tuple[int, int, int, tuple[int, ...]], tuple[list[int], int, int]] = {}
 """Per-GPU free values of a fully free node row after :meth:`ClusterState.occupy_all`, by (GPUs, row width, whole
 GPUs taken, fractions in order): the same requests on the same size of node always land the same way."""
+
+
+def _take(row: list[int], whole: int, fractions: Sequence[int]) -> None:
+    """Take ``whole`` GPUs, then each fraction, from the per-GPU free values ``row`` (see :meth:`occupy_all`)."""
+    if whole:
+        free = [g for g, v in enumerate(row) if v == MILLI_PER_GPU]
+        for g in free[:whole]:
+            row[g] = 0
+        short = whole - min(whole, len(free))
+        if short:  # overcommitted: take the freest of what is left
+            for g in sorted(range(len(row)), key=lambda x: -row[x])[:short]:
+                row[g] = 0 if row[g] > 0 else row[g]
+    for milli in fractions:
+        g = _best_gpu(row, milli)
+        if row[g] > 0:
+            row[g] = max(0, row[g] - milli)
+
+
+def _fresh_row(gpus: int, width: int, whole: int, fractions: tuple[int, ...]) -> tuple[list[int], int, int]:
+    """(per-GPU free values, entirely free GPUs, largest free value) of a free node with ``gpus`` GPUs in a row of
+    ``width`` after taking ``whole`` GPUs and ``fractions`` (remembered in ``_FRESH_ROWS``; do not change the row)."""
+    key = (gpus, width, whole, fractions)
+    done = _FRESH_ROWS.get(key)
+    if done is None:
+        row = [MILLI_PER_GPU] * gpus + [ABSENT_GPU] * (width - gpus)
+        _take(row, whole, fractions)
+        done = (row, row.count(MILLI_PER_GPU), max(row))
+        if len(_FRESH_ROWS) > 4096:
+            _FRESH_ROWS.clear()
+        _FRESH_ROWS[key] = done
+    return done
+
+
+def gpu_room(gpus: int, requests: Iterable[Request]) -> tuple[int, int]:
+    """(entirely free GPUs, largest free milli-GPU on one GPU; -1 without GPUs) of a node with ``gpus`` GPUs once
+    ``requests`` are bound to it, as :meth:`ClusterState.occupy_all` accounts them on a new state."""
+    whole = 0
+    fractions: list[int] = []
+    for r in requests:
+        whole += r.gpus
+        if r.gpu_milli:
+            fractions.append(r.gpu_milli)
+    if not whole and not fractions:
+        return gpus, MILLI_PER_GPU if gpus > 0 else ABSENT_GPU
+    _, full, top = _fresh_row(gpus, max(gpus, 1), whole, tuple(fractions))
+    return full, top
 
 
 def _best_gpu(row: list[int], milli: int) -> int:
