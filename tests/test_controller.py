@@ -800,3 +800,15 @@ def test_cloud_states_are_adopted() -> None:
     assert next(iter(h.cloud.alive())).state is CloudNodeState.DELETING
     h.run(120.0)
     assert h.ctrl.claims == {} and not h.alive()
+
+
+def test_pod_moves_name_nodes_a_pod_left_and_nodes_whose_pods_changed() -> None:
+    from gpuscale.controller.loop import _pod_moves
+
+    a, b, c = gpod("a"), gpod("b"), gpod("c")
+    before = {"n1": [a, b], "n2": [c], "n3": [gpod("d")]}
+    after = {"n1": [a], "n2": [gpod("c"), gpod("e")], "n3": before["n3"], "n4": [b]}
+    # n1 lost b; n2 gained e (c is an equal new object); n3 is unchanged; n4 is new
+    assert _pod_moves(before, after) == ({"n1"}, {"n1", "n2", "n4"})
+    assert _pod_moves(after, {}) == ({"n1", "n2", "n3", "n4"}, {"n1", "n2", "n3", "n4"})
+    assert _pod_moves(before, dict(before)) == (set(), set())

@@ -352,6 +352,25 @@ class _World:
         self._by_node, self._unbound = out, free
 
 
+def _pod_moves(before: Mapping[str, Sequence[Pod]], after: Mapping[str, Sequence[Pod]]) -> tuple[set[str], set[str]]:
+    """Between two observations' bound pods by node: (nodes some pod left, nodes whose set of pods changed).
+
+    Only nodes whose pod lists differ are compared by pod key (lists of the same objects are equal at once)."""
+    left: set[str] = set()
+    moved: set[str] = set()
+    for name in before.keys() | after.keys():
+        old, new = before.get(name, ()), after.get(name, ())
+        if old == new:
+            continue
+        old_keys = {p.key for p in old}
+        new_keys = {p.key for p in new}
+        if old_keys != new_keys:
+            moved.add(name)
+            if not old_keys <= new_keys:
+                left.add(name)
+    return left, moved
+
+
 def _default_planner() -> PlanFn:
     from gpuscale.core.planner import plan
 
@@ -442,13 +461,8 @@ class Controller:
         self._disruption_skipped = False
         self._disruption_signature: object = None
         self._futile: dict[str, tuple[frozenset[str], float]] = {}
-        self._room_state: tuple[
-            frozenset[tuple[str, str]],
-            dict[str, Resources],
-            frozenset[str],
-            frozenset[OfferingKey],
-        ] = (
-            frozenset(),
+        self._room_state: tuple[dict[str, list[Pod]], dict[str, Resources], frozenset[str], frozenset[OfferingKey]] = (
+            {},
             {},
             frozenset(),
             frozenset(),
@@ -1377,16 +1391,16 @@ class Controller:
         # simulated again until something that could lift it changes: room appears (a pod leaves a node, a node
         # joins or gains GPUs), a disruption finishes, offerings change, its own pods change, or the retry period
         # ends.
-        bound = frozenset((p.key, p.node_name) for p in w.pods if p.node_name is not None)
         room = {n.name: n.allocatable for n in w.nodes.values() if not n.unschedulable}
         unavailable_now = frozenset(k for k, t in self.unavailable.items() if t > now)
-        prev_bound, prev_room, prev_disrupting, prev_unavailable = self._room_state
+        prev_by_node, prev_room, prev_disrupting, prev_unavailable = self._room_state
+        left_some, pods_moved = _pod_moves(prev_by_node, by_node)  # nodes a pod left; nodes whose pods changed
         changed = disrupting != prev_disrupting or unavailable_now != prev_unavailable
-        changed = changed or (bool(w.pdbs) and bound != prev_bound)
+        changed = changed or (bool(w.pdbs) and bool(pods_moved))
         room_grew = {name for name, a in room.items() if (b := prev_room.get(name)) is None or (b is not a and b != a)}
-        grown = {node for _, node in prev_bound - bound} | room_grew
-        touched = {node for _, node in prev_bound ^ bound} | room_grew | (prev_room.keys() - room.keys())
-        self._room_state = (bound, room, frozenset(disrupting), unavailable_now)
+        grown = left_some | room_grew
+        touched = pods_moved | room_grew | (prev_room.keys() - room.keys())
+        self._room_state = (by_node, room, frozenset(disrupting), unavailable_now)
         self._futile = {
             n: (pods, until)
             for n, (pods, until) in self._futile.items()
