@@ -69,3 +69,16 @@ def test_changing_through_other_dict_methods_is_refused() -> None:
     with pytest.raises(KeyError):
         table.pop("missing")
     assert table == {}
+
+
+def test_version_counts_real_changes_only() -> None:
+    table = ClaimTable()
+    a = claim("a", ClaimPhase.REQUESTED, "")
+    table["a"] = a
+    v = table.version
+    table["a"] = a  # the same object again: nothing changed
+    assert table.version == v
+    table["a"] = claim("a", ClaimPhase.LAUNCHED, "n1")
+    table.pop("a")
+    table.clear()
+    assert table.version == v + 3

@@ -812,3 +812,17 @@ def test_pod_moves_name_nodes_a_pod_left_and_nodes_whose_pods_changed() -> None:
     assert _pod_moves(before, after) == ({"n1"}, {"n1", "n2", "n4"})
     assert _pod_moves(after, {}) == ({"n1", "n2", "n3", "n4"}, {"n1", "n2", "n3", "n4"})
     assert _pod_moves(before, dict(before)) == (set(), set())
+
+
+def test_node_vanishing_after_quiet_rounds_is_noticed_and_its_pod_replanned() -> None:
+    h = Harness([gpu_pool(instance_types=("g1",))])
+    h.add(gpod("a"), duration=3600.0)
+    h.run(200.0)
+    (node,) = h.alive()
+    assert h.ctrl._synced is not None  # quiet rounds: the claim sync had nothing to learn and is skipped
+    h.cloud._end(h.cloud._recs[node.node_id])  # the provider loses the node out of band
+    h.run(400.0)
+    (lost,) = h.events(EventKind.LOST)
+    assert lost.object == f"node/{node.node_name}" and lost.reason == "NodeLost"
+    (again,) = h.alive()
+    assert again.node_id != node.node_id and h.cluster.running_count() == 1

@@ -27,9 +27,14 @@ class ClaimTable(dict[str, NodeClaim]):
         self._order: dict[str, int] = {}
         self._added = 0
         self._named: dict[str, dict[str, None]] = {}
+        self.version = 0
+        """Counts changes (a claim added, replaced by a different object, or removed)."""
 
     def __setitem__(self, key: str, claim: NodeClaim) -> None:
         old = dict.get(self, key)
+        if old is claim:
+            return
+        self.version += 1
         if old is None:
             self._order[key] = self._added
             self._added += 1
@@ -55,6 +60,7 @@ class ClaimTable(dict[str, NodeClaim]):
 
     def __delitem__(self, key: str) -> None:
         old = dict.pop(self, key)
+        self.version += 1
         del self._phase_keys[old.phase][key]
         del self._order[key]
         self._unname(key, old.node_name)
@@ -72,6 +78,7 @@ class ClaimTable(dict[str, NodeClaim]):
     def clear(self) -> None:
         """Remove every claim."""
         dict.clear(self)
+        self.version += 1
         for keys in self._phase_keys.values():
             keys.clear()
         self._order.clear()

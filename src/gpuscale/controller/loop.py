@@ -456,6 +456,12 @@ class Controller:
         self._planned_on_node: dict[str, str] = {}
         self._class_cache: dict[str, DisruptionReason | None] = {}
         self._unlisted: set[str] = set()
+        self._listed_nodes: tuple[object, dict[str, Node]] = (None, {})
+        self._listed_cloud: tuple[object, list[CloudNode]] = (None, [])
+        """The last node and cloud lists as returned (when immutable tuples) and as observed: the same tuple again
+        is observed without looking at each node."""
+        self._synced: tuple[object, int] | None = None
+        """(cloud list, claim table version) after a claim sync that left nothing to wait for."""
         self._static_blocked: set[str] = set()
         self._last_disruption_at = -math.inf
         self._disruption_skipped = False
@@ -559,8 +565,16 @@ class Controller:
     def _observe(self, now: float) -> _World | None:
         try:
             pods = [p for p in self.backend.list_pods() if p.phase in _LIVE_PHASES]
-            nodes = {n.name: self._normalise(n) for n in self.backend.list_nodes()}
-            cloud = [c for c in self.provider.list_nodes() if c.state is not CloudNodeState.GONE]
+            listed = self.backend.list_nodes()
+            if listed is not self._listed_nodes[0]:
+                seen = {n.name: self._normalise(n) for n in listed}
+                self._listed_nodes = (listed if isinstance(listed, tuple) else None, seen)
+            nodes = dict(self._listed_nodes[1])  # the controller deletes from it during the round
+            provided = self.provider.list_nodes()
+            if provided is not self._listed_cloud[0]:
+                alive = [c for c in provided if c.state is not CloudNodeState.GONE]
+                self._listed_cloud = (provided if isinstance(provided, tuple) else None, alive)
+            cloud = self._listed_cloud[1]
             events = list(self.provider.poll_errors())
             pdbs = list(self.backend.list_pdbs())
             utilization = dict(self.backend.gpu_utilization()) if self._measured else {}
@@ -586,6 +600,10 @@ class Controller:
 
     def _sync_claims(self, w: _World) -> None:
         now = w.now
+        if self._synced is not None and self._synced == (self._listed_cloud[0], self.claims.version):
+            return  # the same provider list and claims as after the last sync that learnt nothing: nothing to learn
+        self._synced = None
+        learnt = False
         seen: set[str] = set()
         for cn in w.cloud:
             key = cn.request_id or cn.node_id
@@ -600,6 +618,7 @@ class Controller:
             ):
                 seen.add(key)  # nothing to learn from this node
                 continue
+            learnt = True
             if existing is not None and existing.node_id and existing.node_id != cn.node_id:
                 key = f"{key}#{cn.node_id}"
                 existing = self.claims.get(key)
@@ -616,7 +635,11 @@ class Controller:
             self.claims[key] = self._advance(claim, w)
         self._unlisted = set()
         if len(seen) + self.claims.count(ClaimPhase.REQUESTED) == len(self.claims):
-            return  # every claim was listed, or is still Requested (seen claims are never Requested)
+            # every claim was listed, or is still Requested (seen claims are never Requested)
+            if not learnt and self._listed_cloud[0] is not None:
+                # every listed node matched its settled claim, which depends on neither the time nor the cluster
+                self._synced = (self._listed_cloud[0], self.claims.version)
+            return
         for key, claim in list(self.claims.items()):
             if key in seen or claim.phase is ClaimPhase.REQUESTED:
                 continue

@@ -252,6 +252,8 @@ class SimCluster:
         self._cancel_samples: list[float] = []
         self._pods_listed: tuple[int, tuple[Pod, ...]] = (-1, ())
         self._nodes_listed: tuple[int, tuple[Node, ...]] = (-1, ())
+        self._nodes_version = 0
+        """Changes of the node list alone (``version`` counts pod changes too): ``list_nodes`` is rebuilt only then."""
 
     # ------------------------------------------------------------------------------------------- slot storage
     def _make_state(self, n: int) -> ClusterState:
@@ -348,6 +350,7 @@ class SimCluster:
         for sig, mask in self._masks.items():
             mask[sn.slot] = self._static_ok(sig, sn)
         self.version += 1
+        self._nodes_version += 1
         if more_room:
             self._capacity_grew()
 
@@ -605,8 +608,8 @@ class SimCluster:
 
     def list_nodes(self) -> Sequence[Node]:
         """Every registered node; GPUs count as allocatable only once the device plugin is ready."""
-        if self._nodes_listed[0] != self.version:
-            self._nodes_listed = (self.version, tuple(self._as_node(sn) for sn in self._nodes.values()))
+        if self._nodes_listed[0] != self._nodes_version:
+            self._nodes_listed = (self._nodes_version, tuple(self._as_node(sn) for sn in self._nodes.values()))
         return self._nodes_listed[1]
 
     def _as_node(self, sn: _SimNode) -> Node:
@@ -714,6 +717,7 @@ class SimCluster:
                 self.counters.spot_interruptions_survived += 1
         self._record("NodeRemoved", f"node/{sn.name}", reason, f"{len(pods)} pod(s) back to pending")
         self.version += 1
+        self._nodes_version += 1
         if pods:
             self._capacity_grew()
 
