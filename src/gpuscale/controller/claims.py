@@ -92,8 +92,11 @@ class ClaimTable(dict[str, NodeClaim]):
     def in_phases(self, phases: Iterable[ClaimPhase]) -> list[tuple[str, NodeClaim]]:
         """(key, claim) of every claim in one of ``phases``, in table order (a list: safe to change the table while
         going through it)."""
-        keys = [k for p in phases for k in self._phase_keys[p]]
-        keys.sort(key=self._order.__getitem__)
+        keys: list[str] = []
+        for p in phases:
+            keys += self._phase_keys[p]
+        if len(keys) > 1:
+            keys.sort(key=self._order.__getitem__)
         return [(k, dict.__getitem__(self, k)) for k in keys]
 
     def count(self, phase: ClaimPhase) -> int:

@@ -58,15 +58,6 @@ class Sample:
     nodes: dict[str, int]
     gpus: dict[str, int]
 
-    def key(self) -> tuple[object, ...]:
-        return (
-            self.pending,
-            self.running,
-            round(self.cost_rate, 9),
-            tuple(sorted(self.nodes.items())),
-            tuple(sorted(self.gpus.items())),
-        )
-
 
 @dataclass(slots=True)
 class TimeSeries:
@@ -77,12 +68,22 @@ class TimeSeries:
 
     def record(self, t: float, cloud: SimCloud, cluster: SimCluster, *, force: bool = False) -> None:
         """Append the state at ``t`` if it differs from the last sample (or always, with ``force``)."""
-        nodes, gpus = cloud.alive_by_pool()
-        s = Sample(t, cluster.pending_count(), cluster.running_count(), max(0.0, cloud.hourly_rate), nodes, gpus)
+        pending, running, rate = cluster.pending_count(), cluster.running_count(), max(0.0, cloud.hourly_rate)
+        nodes, gpus = cloud.pool_counts()
         if self.samples:
             last = self.samples[-1]
-            if last.key() == s.key() and not (force and t > last.t):
+            same = (
+                last.pending == pending
+                and last.running == running
+                and round(last.cost_rate, 9) == round(rate, 9)
+                and last.nodes == nodes
+                and last.gpus == gpus
+            )
+            if same and not (force and t > last.t):
                 return
+        s = Sample(t, pending, running, rate, dict(nodes), dict(gpus))
+        if self.samples:
+            last = self.samples[-1]
             if last.t == t:
                 self.samples[-1] = s
                 self.pools.update(nodes)
