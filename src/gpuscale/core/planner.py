@@ -78,8 +78,9 @@ def option_table(snapshot: Snapshot, now: float) -> tuple[Option, ...]:
 
 
 _OPTIONS: Memo[tuple[Option, ...]] = Memo(256)
-_CLASS_OPTIONS: Memo[list[int]] = Memo(4096)
-"""Indices of the options a pod class may use, per (class key, option table): the same for every plan."""
+_CLASS_OPTIONS: Memo[tuple[list[int], list[int], float]] = Memo(4096)
+"""Per (class key, option table), the same for every plan: the indices of the options the class may use, how many of
+its pods fit an empty node of each, and its reference cost (see :meth:`Planner.ref_cost`)."""
 
 
 def _build_options(snapshot: Snapshot, now: float) -> list[Option]:
@@ -406,10 +407,23 @@ class Planner:
         got = self._feasible.get(cls.index)
         if got is not None:
             return got
-        indices = _CLASS_OPTIONS.get(lambda: self._feasible_indices(cls), cls.key, objects=(self._table,))
+        indices, solos, ref = _CLASS_OPTIONS.get(lambda: self._class_options(cls), cls.key, objects=(self._table,))
         got = [self.options[i] for i in indices]
         self._feasible[cls.index] = got
+        self._solo_cache[cls.index] = solos
+        self._ref_cost[cls.index] = ref
         return got
+
+    def _class_options(self, cls: PodClass) -> tuple[list[int], list[int], float]:
+        """(:meth:`_feasible_indices`, pods per empty node of each, reference cost) of a class."""
+        indices = self._feasible_indices(cls)
+        solos = [solo_count(self.options[i], cls.request) for i in indices]
+        costs = [
+            self.options[i].price / n
+            for i, n in zip(indices, solos, strict=True)
+            if self.options[i].unavailable_until is None
+        ]
+        return indices, solos, min(costs) if costs else 0.0
 
     def _feasible_indices(self, cls: PodClass) -> list[int]:
         """Indices into the option table of the options :meth:`feasible` returns."""
@@ -445,21 +459,16 @@ class Planner:
         """Pods of the class that fit an empty node, per feasible option (cached)."""
         got = self._solo_cache.get(cls.index)
         if got is None:
-            got = [solo_count(o, cls.request) for o in self.feasible(cls)]
-            self._solo_cache[cls.index] = got
+            self.feasible(cls)
+            got = self._solo_cache[cls.index]
         return got
 
     def ref_cost(self, cls: PodClass) -> float:
         """The cheapest stand-alone $/h per pod of the class (its value when packed)."""
         got = self._ref_cost.get(cls.index)
         if got is None:
-            costs = [
-                o.price / n
-                for o, n in zip(self.feasible(cls), self._solo(cls), strict=True)
-                if o.unavailable_until is None
-            ]
-            got = min(costs) if costs else 0.0
-            self._ref_cost[cls.index] = got
+            self.feasible(cls)
+            got = self._ref_cost[cls.index]
         return got
 
     def _pack_new(self, ctx: Context, pods: Sequence[Pod]) -> list[Pod]:
