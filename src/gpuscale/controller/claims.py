@@ -94,7 +94,10 @@ class ClaimTable(dict[str, NodeClaim]):
         going through it)."""
         keys: list[str] = []
         for p in phases:
-            keys += self._phase_keys[p]
+            if in_phase := self._phase_keys[p]:
+                keys += in_phase
+        if not keys:
+            return []
         if len(keys) > 1:
             keys.sort(key=self._order.__getitem__)
         return [(k, dict.__getitem__(self, k)) for k in keys]
