@@ -192,6 +192,24 @@ def test_gpus_that_never_appear_are_replaced_and_type_zone_marked_unavailable() 
     assert h.cluster.running_count() == 1
 
 
+def test_registration_timeout_marks_the_offering_unavailable_and_replans_elsewhere() -> None:
+    stuck = replace(FAST, registration_latency=Dist.const(10_000.0))  # the node never joins
+    cfg = replace(CONFIG, pool_deadlines={"gpu": Deadlines(registration_s=120.0)})
+    h = Harness([gpu_pool(instance_types=("g1",))], behaviour=stuck, config=cfg)
+    h.add(gpod("a"))
+    h.run(40.0)
+    (first,) = h.alive()
+    assert (first.instance_type, first.zone) == ("g1", "z1")
+    h.cloud.behaviour = FAST  # the next node joins
+    h.run(400.0)
+    assert [e.reason for e in h.events(EventKind.TIMEOUT)] == ["RegistrationTimeout"]
+    t = h.events(EventKind.TIMEOUT)[0].at
+    assert h.ctrl.unavailable[OfferingKey("g1", "z1", OD)] == t + CONFIG.unavailable_ttl_s
+    assert OfferingKey("g1", "z1", SPOT) not in h.ctrl.unavailable  # only the offering that was bought
+    (second,) = h.alive()
+    assert second.zone == "z2" and h.cluster.running_count() == 1
+
+
 # ------------------------------------------------------------------------------------------- provider errors
 def test_insufficient_capacity_falls_back_to_next_offering_in_the_same_reconcile() -> None:
     ice = replace(FAST, capacity=(CapacityRule(0, instance_type="g1", zone="z1"),))
