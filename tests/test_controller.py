@@ -210,6 +210,16 @@ def test_registration_timeout_marks_the_offering_unavailable_and_replans_elsewhe
     assert second.zone == "z2" and h.cluster.running_count() == 1
 
 
+def test_launch_timeout_after_retries_marks_no_offering_unavailable() -> None:
+    throttled = replace(FAST, faults=Faults(rate_limited=1.0, methods=("launch",)))  # every launch is throttled
+    cfg = replace(CONFIG, pool_deadlines={"gpu": Deadlines(launch_s=60.0)})
+    h = Harness([gpu_pool(instance_types=("g1",))], behaviour=throttled, config=cfg)
+    h.add(gpod("a"))
+    h.run(100.0)
+    assert "LaunchTimeout" in [e.reason for e in h.events(EventKind.TIMEOUT)]
+    assert h.events(EventKind.OFFERING_UNAVAILABLE) == [] and not h.ctrl.unavailable  # throttling is not the offering's
+
+
 # ------------------------------------------------------------------------------------------- provider errors
 def test_insufficient_capacity_falls_back_to_next_offering_in_the_same_reconcile() -> None:
     ice = replace(FAST, capacity=(CapacityRule(0, instance_type="g1", zone="z1"),))

@@ -140,7 +140,7 @@ class ControllerConfig:
     pool_deadlines: Mapping[str, Deadlines] = field(default_factory=dict)
     """Per-pool overrides of ``deadlines``."""
     unavailable_ttl_s: float = 180.0
-    """How long an offering stays unavailable after insufficient capacity, a launch or registration timeout, or a spot
+    """How long an offering stays unavailable after insufficient capacity, a registration timeout, or a spot
     interruption."""
     gpu_init_unavailable_ttl_s: float = 1800.0
     """How long an (instance type, zone) stays unavailable after a node whose GPUs never appeared."""
@@ -836,8 +836,9 @@ class Controller:
             self.claims[key] = transition(c, ev, now, reason=f"{ev} after {now - c.since:.0f}s")
             self._force_plan = True
             msg = f"{c.phase} for {now - c.since:.0f}s ({ev}); deleting and re-planning"
-            if ev in (ClaimEvent.LAUNCH_TIMEOUT, ClaimEvent.REGISTRATION_TIMEOUT) and c.instance_type and c.zone:
-                # the re-plan tries another offering first (a node that never came is likely to fail the same way)
+            if ev is ClaimEvent.REGISTRATION_TIMEOUT and c.instance_type and c.zone:
+                # the re-plan tries another offering first: a node that never joined is likely to fail the same way
+                # (a launch timeout is not: it follows retries, back-offs or quota, which say nothing of the offering)
                 self._mark_unavailable(
                     OfferingKey(c.instance_type, c.zone, c.capacity_type),
                     now + self.config.unavailable_ttl_s,

@@ -60,6 +60,10 @@ from gpuscale.core.planner import Option, build_options, class_key, solo_count
 from gpuscale.core.predicates import static_failure
 from gpuscale.core.resources import MILLI_PER_GPU
 
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
 DIMENSIONS = ("cpu", "memory", "gpu")
 """Dimensions of the weak bound."""
 
@@ -76,39 +80,37 @@ ND = len(LP_DIMENSIONS) + len(CUT_BASES) * len(CUT_ORDERS)
 """Dimensions of the LP bound in all."""
 
 
-def fekete_schepers(x: FloatArray, k: int) -> FloatArray:
-    """The dual feasible function of Fekete and Schepers: ``x`` where ``(k+1)x`` is whole, else
-    ``floor((k+1)x) / k``. Shares that sum to at most 1 map to values that sum to at most 1 (so one bin's items
-    obey the mapped constraint too). Values within 1e-9 of a step count as on it (floating point)."""
-    q = (k + 1) * x
-    on_step = np.abs(q - np.round(q)) < 1e-9
-    return np.asarray(np.where(on_step, np.round(q) / (k + 1), np.floor(q) / k), dtype=float)
+def fekete_schepers(num: npt.ArrayLike, den: npt.ArrayLike, k: int) -> FloatArray:
+    """The dual feasible function of Fekete and Schepers at the share ``num / den`` (integers, broadcast):
+    ``x`` where ``(k+1)x`` is whole, else ``floor((k+1)x) / k``; 0 where ``den`` is 0. Shares that sum to at most 1
+    map to values that sum to at most 1, so one bin's items obey the mapped constraint too. Computed in integers, so
+    no share is ever rounded up to a step."""
+    n, d = np.broadcast_arrays(np.asarray(num, dtype=np.int64), np.asarray(den, dtype=np.int64))
+    q, r = np.divmod((k + 1) * n, np.where(d > 0, d, 1))
+    return np.asarray(np.where(d > 0, np.where(r == 0, q / (k + 1), q / k), 0.0), dtype=float)
 
 
-def cut_shares(
-    shares: FloatArray, whole_gpus: FloatArray, gpu_fraction: FloatArray, node_gpus: FloatArray
-) -> FloatArray:
+def cut_shares(requests: IntArray, allocs: IntArray, whole_gpus: IntArray, gpu_milli: IntArray) -> FloatArray:
     """The LP bound's packing cuts for pods × node types, as extra share dimensions (each at most 1 per node).
 
-    ``shares[c, o, :3]`` are pod ``c``'s CPU, memory and GPU-total shares of a node of type ``o``; ``whole_gpus`` and
-    ``gpu_fraction`` are each pod's whole GPUs and GPU fraction (a fraction runs on one physical GPU), and
-    ``node_gpus`` each type's GPU count. For every ``k`` of :data:`CUT_ORDERS`: the Fekete-Schepers value of each of
-    the three shares, and per physical GPU the pod's whole GPUs, or the value of its fraction, over the node's GPUs.
-    Order: :data:`CUT_BASES` × :data:`CUT_ORDERS`.
+    ``requests[c]`` and ``allocs[o]`` are (CPU milli, memory MiB, milli-GPU) of pod ``c`` and of a node of type
+    ``o``; ``whole_gpus[c]`` and ``gpu_milli[c]`` are pod ``c``'s whole GPUs or GPU fraction (a fraction runs on one
+    physical GPU). For every ``k`` of :data:`CUT_ORDERS`: the Fekete-Schepers value of each of the three shares, and
+    per physical GPU the pod's whole GPUs, or the value of its fraction, over the node's GPUs. Order:
+    :data:`CUT_BASES` × :data:`CUT_ORDERS`.
     """
-    cuts = [fekete_schepers(shares[:, :, d], k) for d in range(3) for k in CUT_ORDERS]
+    shape = (len(requests), len(allocs))
+    cuts = [fekete_schepers(requests[:, None, d], allocs[None, :, d], k) for d in range(3) for k in CUT_ORDERS]
+    node_gpus = allocs[:, 2] / MILLI_PER_GPU
     for k in CUT_ORDERS:
-        slots = np.where(whole_gpus > 0, whole_gpus, fekete_schepers(gpu_fraction, k))
-        per = np.divide(slots[:, None], node_gpus[None, :], out=np.zeros(shares.shape[:2]), where=node_gpus > 0)
-        cuts.append(np.broadcast_to(per, shares.shape[:2]))
+        slots = np.where(whole_gpus > 0, whole_gpus, fekete_schepers(gpu_milli, MILLI_PER_GPU, k))
+        per = np.divide(slots[:, None], node_gpus[None, :], out=np.zeros(shape), where=node_gpus[None, :] > 0)
+        cuts.append(per)
     return np.stack(cuts, axis=2)
 
 
 DEFAULT_TOLERANCE = 1e-2
 """Default relative gap below which the LP bound reuses a pooled dual instead of solving (see the module docstring)."""
-
-FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,9 +194,12 @@ class _Model:
         base = np.divide(
             req[:, None, :], alloc[None, :, :], out=np.zeros((len(req), len(alloc), 4)), where=alloc[None, :, :] > 0
         )
-        whole = np.array([p.request.gpus for p in examples], dtype=float)
-        frac = np.array([0.0 if p.request.gpus else p.request.gpu_milli / MILLI_PER_GPU for p in examples])
-        cuts = cut_shares(base, whole, frac, alloc[:, 2] / MILLI_PER_GPU)
+        cuts = cut_shares(
+            req[:, :3].astype(np.int64),
+            alloc[:, :3].astype(np.int64),
+            np.array([p.request.gpus for p in examples], dtype=np.int64),
+            np.array([0 if p.request.gpus else p.request.gpu_milli for p in examples], dtype=np.int64),
+        )
         self.share: FloatArray = np.concatenate([base, cuts], axis=2)
         self.hostable: BoolArray = np.asarray(self.allowed.any(axis=1), dtype=bool)
 
