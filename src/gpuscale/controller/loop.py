@@ -65,6 +65,7 @@ from gpuscale.core.model import (
 )
 from gpuscale.core.nodeclaim import (
     DEFAULT_DEADLINES,
+    IN_FLIGHT,
     REQUEST_ID_LABEL,
     TIMED_PHASES,
     ClaimEvent,
@@ -391,8 +392,6 @@ class _Outcome(StrEnum):
 _LIVE_PHASES = ("Pending", "Running", "")
 _ADVANCING = frozenset({ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED})
 _LEAVING = frozenset({ClaimPhase.DRAINING, ClaimPhase.DELETING, ClaimPhase.FAILED})
-_COMING_UP = (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED)
-_TO_DRAIN_OR_DELETE = (ClaimPhase.DRAINING, ClaimPhase.FAILED, ClaimPhase.DELETING)
 """Claim phases whose node is on its way out (takes no pods, counts against disruption budgets)."""
 """Claim phases that move on when the cluster shows the node (registered, GPUs allocatable)."""
 _STATIC_BLOCKS = frozenset(
@@ -980,7 +979,7 @@ class Controller:
         that is still coming up (or, within ``replan_interval_s``, onto any schedulable node)."""
         in_flight: set[str] = set()
         coming_up: set[str] = set()
-        for _, c in self.claims.in_phases(_COMING_UP):
+        for _, c in self.claims.in_phases(IN_FLIGHT):
             in_flight.update(c.pods)
             if c.node_name:
                 coming_up.add(c.node_name)
@@ -1631,7 +1630,7 @@ class Controller:
     def _drain_and_delete(self, w: _World, result: ReconcileResult) -> None:
         now = w.now
         allow: dict[str, int] | None = None
-        for key, c in self.claims.in_phases(_TO_DRAIN_OR_DELETE):
+        for key, c in self.claims.in_phases(_LEAVING):
             if c.phase is ClaimPhase.DRAINING:
                 if allow is None:
                     allow = pdb_allowances(w.pdbs, w.pods)

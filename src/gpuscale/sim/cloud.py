@@ -673,12 +673,9 @@ class SimCloud:
             del self._pool_nodes[pool], self._pool_gpus[pool]
 
     def pool_counts(self) -> tuple[Mapping[str, int], Mapping[str, int]]:
-        """:meth:`alive_by_pool` without copying (read-only views that change as nodes start and stop billing)."""
+        """(billed nodes per pool, their GPUs per pool), kept up to date as nodes start and stop billing (read-only
+        views, not copies)."""
         return self._pool_nodes, self._pool_gpus
-
-    def alive_by_pool(self) -> tuple[dict[str, int], dict[str, int]]:
-        """(billed nodes per pool, their GPUs per pool), kept up to date as nodes start and stop billing."""
-        return dict(self._pool_nodes), dict(self._pool_gpus)
 
     def add_capacity_rule(self, rule: CapacityRule) -> None:
         """Add a capacity rule from now on (e.g. ``CapacityRule(0, instance_type=t)`` exhausts a type)."""
