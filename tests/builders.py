@@ -19,9 +19,20 @@ from gpuscale.core.model import (
     Toleration,
 )
 from gpuscale.core.resources import Request, Resources
+from gpuscale.sim.cloud import CloudBehaviour
+from gpuscale.sim.engine import Dist
 
 OD = CapacityType.ON_DEMAND
 SPOT = CapacityType.SPOT
+
+FIXED_CLOUD = CloudBehaviour(
+    launch_latency=Dist.const(30),
+    registration_latency=Dist.const(30),
+    device_plugin_delay=Dist.const(120),
+    deletion_latency=Dist.const(0),
+)
+"""A simulated cloud without randomness: a node launched at 0 runs at 30 s, registers at 60 s, has its GPUs
+allocatable at 180 s, and is gone as soon as it is deleted."""
 
 
 def itype(

@@ -6,27 +6,21 @@ from dataclasses import replace
 
 import pytest
 
-from builders import OD, SPOT, catalog, itype, pod, taint, tol
+from builders import FIXED_CLOUD, OD, SPOT, catalog, itype, pod, taint, tol
 from gpuscale.controller.backend import Event, PodDisruptionBudget
 from gpuscale.core import labels as L
 from gpuscale.core.model import NodePool, Pod
 from gpuscale.core.resources import Resources
 from gpuscale.providers.base import LaunchRequest
-from gpuscale.sim.cloud import CloudBehaviour, SimCloud
+from gpuscale.sim.cloud import SimCloud
 from gpuscale.sim.cluster import ClusterBehaviour, SimCluster
-from gpuscale.sim.engine import Dist, Engine
+from gpuscale.sim.engine import Engine
 
 CAT = catalog(
     itype("cpu-4", 4, 16, price=0.2),
     itype("t4-1", 8, 32, 1, "T4", price=0.6, spot=0.2),
     itype("t4-2", 16, 64, 2, "T4", price=1.2),
     itype("a100-1", 12, 85, 1, "A100", price=3.0),
-)
-FIXED = CloudBehaviour(
-    launch_latency=Dist.const(30),
-    registration_latency=Dist.const(30),
-    device_plugin_delay=Dist.const(120),
-    deletion_latency=Dist.const(0),
 )
 POOLS = (
     NodePool("gpu", labels={"team": "ml"}, taints=(taint("nvidia.com/gpu"),)),
@@ -39,7 +33,7 @@ class World:
     def __init__(self, behaviour: ClusterBehaviour | None = None, pdbs: tuple[PodDisruptionBudget, ...] = ()) -> None:
         self.eng = Engine()
         self.cluster = SimCluster(self.eng, CAT, POOLS, behaviour, seed=1, pdbs=pdbs)
-        self.cloud = SimCloud(self.eng, CAT, FIXED, listener=self.cluster)
+        self.cloud = SimCloud(self.eng, CAT, FIXED_CLOUD, listener=self.cluster)
         self.cluster.spot_notices = self.cloud.spot_notices
         self.n = 0
 

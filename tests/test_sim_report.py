@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from builders import OD, catalog, itype, pod, taint, tol
+from builders import FIXED_CLOUD, OD, catalog, itype, pod, taint, tol
 from gpuscale.controller.backend import ClusterBackend
 from gpuscale.core.model import Catalog, NodePool, Pod
 from gpuscale.core.resources import Resources
@@ -25,13 +25,6 @@ CAT = catalog(
     itype("t4-2", 16, 64, 2, "T4", price=1.2),
     itype("a100-1", 12, 85, 1, "A100", price=3.0),
 )
-# launched at 0: running at 30 s, registered at 60 s, GPUs allocatable at 180 s
-FIXED = CloudBehaviour(
-    launch_latency=Dist.const(30),
-    registration_latency=Dist.const(30),
-    device_plugin_delay=Dist.const(120),
-    deletion_latency=Dist.const(0),
-)
 POOLS = (
     NodePool("gpu", labels={"team": "ml"}, taints=(taint("nvidia.com/gpu"),)),
     NodePool("plain"),
@@ -43,7 +36,7 @@ GPU_TOL = (tol("nvidia.com/gpu", "Exists"),)
 class World:
     """A simulated cloud and cluster wired together, with a hand-driven "controller"."""
 
-    def __init__(self, behaviour: CloudBehaviour = FIXED) -> None:
+    def __init__(self, behaviour: CloudBehaviour = FIXED_CLOUD) -> None:
         self.eng = Engine()
         self.cluster = SimCluster(self.eng, CAT, POOLS, seed=1)
         self.cloud = SimCloud(self.eng, CAT, behaviour, listener=self.cluster)
@@ -223,7 +216,7 @@ def test_cordoned_nodes_and_nodes_whose_gpus_failed_are_not_room() -> None:
     assert w.where() == {"p": node, "q": node}
 
     for failure_rate, expected in ((0.0, 1), (1.0, 0)):
-        f = World(replace(FIXED, gpu_init_failure_rate=failure_rate))
+        f = World(replace(FIXED_CLOUD, gpu_init_failure_rate=failure_rate))
         f.launch(it="t4-2")
         f.run(100.0)  # registered; with the failure its GPUs never appear
         f.add(pod("c", cpu=500, tolerations=GPU_TOL))
@@ -239,7 +232,7 @@ def test_nodes_in_flight_that_are_deleted_or_fail_are_not_room() -> None:
     w.cloud.delete_node(node.node_id)
     w.launch("p")
     assert w.cloud.counters.redundant_launches == 0
-    f = World(replace(FIXED, launch_failure_rate=1.0))
+    f = World(replace(FIXED_CLOUD, launch_failure_rate=1.0))
     f.add(gpu_pod("p"))
     f.launch("p")
     f.run(31.0)  # failed while provisioning
@@ -317,7 +310,7 @@ class NaiveController:
 
 
 def test_a_controller_that_ignores_capacity_in_flight_scores_duplicates() -> None:
-    behaviour = FIXED
+    behaviour = FIXED_CLOUD
     arrivals = burst(8, at=10.0, shape=PodShape(cpu_milli=1000, memory_mib=1024, gpus=1), runtime=Dist.const(600))
     scenario = Scenario(
         "burst",
