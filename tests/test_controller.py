@@ -174,40 +174,38 @@ def test_burst_from_zero_64_pods_slow_device_plugin() -> None:
     assert h.cluster.running_count() == 64
 
 
-def test_gpus_that_never_appear_are_replaced_and_type_zone_marked_unavailable() -> None:
-    broken = replace(FAST, gpu_init_failure_rate=1.0)
-    cfg = replace(CONFIG, pool_deadlines={"gpu": Deadlines(gpu_init_s=120.0)})
+def _first_node_times_out(broken: CloudBehaviour, deadlines: Deadlines) -> tuple[Harness, CloudNode, CloudNode]:
+    """One pod; its first node (g1 in z1) fails under ``broken`` and times out, the cloud then works again. Returns
+    the harness at 400 s, the first node and the one that replaced it."""
+    cfg = replace(CONFIG, pool_deadlines={"gpu": deadlines})
     h = Harness([gpu_pool(instance_types=("g1",))], behaviour=broken, config=cfg)
     h.add(gpod("a"))
     h.run(40.0)
     (first,) = h.alive()
     assert (first.instance_type, first.zone) == ("g1", "z1")
-    h.cloud.behaviour = FAST  # the next node's device plugin works
+    h.cloud.behaviour = FAST  # the next node comes up
     h.run(400.0)
+    (second,) = h.alive()
+    assert second.node_id != first.node_id and h.cluster.running_count() == 1
+    return h, first, second
+
+
+def test_gpus_that_never_appear_are_replaced_and_type_zone_marked_unavailable() -> None:
+    h, _, second = _first_node_times_out(replace(FAST, gpu_init_failure_rate=1.0), Deadlines(gpu_init_s=120.0))
     timeouts = h.events(EventKind.TIMEOUT)
     assert [e.reason for e in timeouts] == ["GpuInitTimeout"]
     assert all(h.ctrl.unavailable[OfferingKey("g1", "z1", ct)] > 400.0 for ct in CapacityType)
-    (second,) = h.alive()
-    assert second.zone == "z2" and second.node_id != first.node_id
-    assert h.cluster.running_count() == 1
+    assert second.zone == "z2"
 
 
 def test_registration_timeout_marks_the_offering_unavailable_and_replans_elsewhere() -> None:
-    stuck = replace(FAST, registration_latency=Dist.const(10_000.0))  # the node never joins
-    cfg = replace(CONFIG, pool_deadlines={"gpu": Deadlines(registration_s=120.0)})
-    h = Harness([gpu_pool(instance_types=("g1",))], behaviour=stuck, config=cfg)
-    h.add(gpod("a"))
-    h.run(40.0)
-    (first,) = h.alive()
-    assert (first.instance_type, first.zone) == ("g1", "z1")
-    h.cloud.behaviour = FAST  # the next node joins
-    h.run(400.0)
+    never_joins = replace(FAST, registration_latency=Dist.const(10_000.0))
+    h, _, second = _first_node_times_out(never_joins, Deadlines(registration_s=120.0))
     assert [e.reason for e in h.events(EventKind.TIMEOUT)] == ["RegistrationTimeout"]
     t = h.events(EventKind.TIMEOUT)[0].at
     assert h.ctrl.unavailable[OfferingKey("g1", "z1", OD)] == t + CONFIG.unavailable_ttl_s
     assert OfferingKey("g1", "z1", SPOT) not in h.ctrl.unavailable  # only the offering that was bought
-    (second,) = h.alive()
-    assert second.zone == "z2" and h.cluster.running_count() == 1
+    assert second.zone == "z2"
 
 
 def test_launch_timeout_after_retries_marks_no_offering_unavailable() -> None:
