@@ -53,6 +53,7 @@ def test_indexes_match_a_scan_after_any_changes(steps: list[tuple[str, str, Clai
         for name in ("n0", "n1", "n2", ""):
             first = next(((k, c) for k, c in plain.items() if c.node_name == name), None)
             assert table.by_node_name(name) == (first if name else None)
+            assert table.names_node(name) == (first is not None and bool(name))
 
 
 def test_changing_through_other_dict_methods_is_refused() -> None:

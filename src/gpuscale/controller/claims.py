@@ -106,6 +106,10 @@ class ClaimTable(dict[str, NodeClaim]):
         """How many claims are in ``phase``."""
         return len(self._phase_keys[phase])
 
+    def names_node(self, name: str) -> bool:
+        """True if some claim's node is ``name``."""
+        return name in self._named
+
     def by_node_name(self, name: str) -> tuple[str, NodeClaim] | None:
         """(key, claim) of the first claim (in table order) whose node is ``name``, or None."""
         keys = self._named.get(name)

@@ -1136,10 +1136,7 @@ class Controller:
     def _pool_usage(self, pool: str, w: _World) -> tuple[int, Resources]:
         """Nodes of ``pool`` (claimed or not, launching or not) and their raw capacity."""
         count = cpu = mem = gpus = 0
-        claimed: set[str] = set()
         for c in self.claims.values():
-            if c.node_name:
-                claimed.add(c.node_name)
             if c.pool != pool or c.phase is ClaimPhase.GONE:
                 continue
             if c.phase is ClaimPhase.FAILED and not c.node_id:
@@ -1150,7 +1147,7 @@ class Controller:
                 cpu, mem, gpus = cpu + it.capacity.cpu_milli, mem + it.capacity.memory_mib, gpus + it.capacity.gpus
         used = Resources(cpu, mem, gpus, 0)
         for n in w.nodes.values():
-            if n.pool == pool and n.name not in claimed and REQUEST_ID_LABEL not in n.labels:
+            if n.pool == pool and not self.claims.names_node(n.name) and REQUEST_ID_LABEL not in n.labels:
                 count += 1
                 used = used + replace(n.allocatable, pods=0)
         return count, used
@@ -1393,12 +1390,11 @@ class Controller:
                     break
 
     def _alive_in_pool(self, pool: str, w: _World) -> int:
-        claimed = {c.node_name for c in self.claims.values() if c.node_name}
         n = sum(1 for c in self.claims.values() if c.pool == pool and c.alive)
         n += sum(
             1
             for node in w.nodes.values()
-            if node.pool == pool and node.name not in claimed and REQUEST_ID_LABEL not in node.labels
+            if node.pool == pool and not self.claims.names_node(node.name) and REQUEST_ID_LABEL not in node.labels
         )
         return n
 
@@ -1707,17 +1703,15 @@ class Controller:
     def _collect_orphans(self, w: _World) -> None:
         """Delete Node objects labelled with a request id the provider no longer lists (after a grace period)."""
         now = w.now
-        claimed: set[str] | None = None
-        rids: set[str] = set()
+        rids: set[str] | None = None
         current: set[str] = set()
         for n in list(w.nodes.values()):
             rid = n.labels.get(REQUEST_ID_LABEL)
             if rid is None or rid in self.claims:
                 continue
-            if claimed is None:
-                claimed = {c.node_name for c in self.claims.values() if c.node_name}
+            if rids is None:
                 rids = {cn.request_id for cn in w.cloud}
-            if n.name in claimed or rid in rids:
+            if self.claims.names_node(n.name) or rid in rids:
                 continue
             current.add(n.name)
             first = self._orphan_since.setdefault(n.name, now)
