@@ -59,7 +59,7 @@ from gpuscale.core.model import (
 from gpuscale.core.plan import PlannerConfig
 from gpuscale.core.predicates import static_fit
 from gpuscale.core.resources import MILLI_PER_GPU, Request, Resources
-from gpuscale.core.state import ClusterState, NodeShape, gpu_room
+from gpuscale.core.state import ClusterState, NodeShape, fits_room, gpu_room
 from gpuscale.core.templates import pool_templates, pool_totals, template_allocatable
 from gpuscale.errors import InputError
 
@@ -736,15 +736,10 @@ def plan_disruption(
         """False if no pod of ``wl`` fits any other destination even before this pass took room (then simulating
         would move none of them)."""
         for p in wl:
-            r = p.request
-            models = r.gpu_models if r.wants_gpu else None
             for m, (cpu, mem, full, top) in may_receive():
                 if (
                     m.name != n.name
-                    and cpu >= r.cpu_milli
-                    and mem >= r.memory_mib
-                    and (full >= r.gpus if r.gpus else (not r.gpu_milli or top >= r.gpu_milli))
-                    and (models is None or m.gpu_model in models)
+                    and fits_room(p.request, cpu, mem, 1, full, top, m.gpu_model)
                     and static_fit(p, m.labels, m.taints) is None
                 ):
                     return True

@@ -107,16 +107,15 @@ class ClusterState:
 
     def fits_one(self, req: Request, i: int) -> bool:
         """True if ``req`` fits on node row ``i`` now (scalar twin of :meth:`fits`)."""
-        if self.cpu_free[i] < req.cpu_milli or self.mem_free[i] < req.memory_mib or self.pods_free[i] < 1:
-            return False
-        if req.gpus:
-            if self.full_free[i] < req.gpus:
-                return False
-        elif req.gpu_milli and self.max_free[i] < req.gpu_milli:
-            return False
-        if req.wants_gpu and req.gpu_models is not None:
-            return self.models[int(self.model_idx[i])] in req.gpu_models
-        return True
+        return fits_room(
+            req,
+            self.cpu_free[i],
+            self.mem_free[i],
+            self.pods_free[i],
+            self.full_free[i],
+            self.max_free[i],
+            self.models[int(self.model_idx[i])],
+        )
 
     def choose_gpus(self, req: Request, i: int) -> tuple[int, ...]:
         """Physical GPUs ``req`` would take on node ``i``.
@@ -242,6 +241,19 @@ class ClusterState:
 _FRESH_ROWS: dict[tuple[int, int, int, tuple[int, ...]], tuple[list[int], int, int]] = {}
 """Per-GPU free values of a fully free node row after :meth:`ClusterState.occupy_all`, by (GPUs, row width, whole
 GPUs taken, fractions in order): the same requests on the same size of node always land the same way."""
+
+
+def fits_room(req: Request, cpu: int, mem: int, pods: int, full: int, top: int, model: str | None) -> bool:
+    """True if ``req`` fits a node with this room: free CPU milli, memory MiB and pod slots, entirely free GPUs,
+    largest free milli-GPU on one GPU, and GPU model (what :meth:`ClusterState.fits_one` checks for a row)."""
+    if cpu < req.cpu_milli or mem < req.memory_mib or pods < 1:
+        return False
+    if req.gpus:
+        if full < req.gpus:
+            return False
+    elif req.gpu_milli and top < req.gpu_milli:
+        return False
+    return not (req.wants_gpu and req.gpu_models is not None and model not in req.gpu_models)
 
 
 def _take(row: list[int], whole: int, fractions: Sequence[int]) -> None:
