@@ -224,7 +224,8 @@ class _Model:
         return out
 
     def weak_duals(self) -> list[FloatArray]:
-        """The duals putting every node's whole price on one dimension (their maximum is the weak bound)."""
+        """The duals putting every node's whole price on one dimension (those of CPU, memory and GPU give the weak
+        bound)."""
         out = []
         for d in range(ND):
             v = np.zeros((len(self.price), ND))
@@ -245,7 +246,7 @@ class _Model:
         cc = classes[ci]
         used, orow = np.unique(co, return_inverse=True)
         ny, nx = len(co), len(used)
-        shares = self.share[cc, co]  # ny x 4
+        shares = self.share[cc, co]  # ny x ND
         ub_r = (ND * orow[:, None] + np.arange(ND)[None, :]).ravel()
         ub_c = np.repeat(np.arange(ny), ND)
         ub_v = shares.ravel()
