@@ -308,9 +308,8 @@ class Planner:
         self.opt_gpus = np.array([a.gpus for a in oa], dtype=np.int64)
         self.opt_pods = np.array([a.pods for a in oa], dtype=np.int64)
         self.opt_models = [o.itype.gpu_model for o in self.options]
-        self._feasible: dict[int, list[Option]] = {}
-        self._ref_cost: dict[int, float] = {}
-        self._solo_cache: dict[int, list[int]] = {}
+        self._class_opts: dict[int, tuple[list[Option], list[int], float]] = {}
+        """Per class index: its feasible options, pods per empty node of each, reference cost."""
         self._scorer_ready = False
 
     # -- setup
@@ -404,14 +403,13 @@ class Planner:
     # -- new nodes
     def feasible(self, cls: PodClass) -> list[Option]:
         """Options whose template passes the class's predicates and holds one pod (available or not)."""
-        got = self._feasible.get(cls.index)
-        if got is not None:
-            return got
-        indices, solos, ref = _CLASS_OPTIONS.get(lambda: self._class_options(cls), cls.key, objects=(self._table,))
-        got = [self.options[i] for i in indices]
-        self._feasible[cls.index] = got
-        self._solo_cache[cls.index] = solos
-        self._ref_cost[cls.index] = ref
+        return self._options_of(cls)[0]
+
+    def _options_of(self, cls: PodClass) -> tuple[list[Option], list[int], float]:
+        got = self._class_opts.get(cls.index)
+        if got is None:
+            indices, solos, ref = _CLASS_OPTIONS.get(lambda: self._class_options(cls), cls.key, objects=(self._table,))
+            got = self._class_opts[cls.index] = ([self.options[i] for i in indices], solos, ref)
         return got
 
     def _class_options(self, cls: PodClass) -> tuple[list[int], list[int], float]:
@@ -457,19 +455,11 @@ class Planner:
 
     def _solo(self, cls: PodClass) -> list[int]:
         """Pods of the class that fit an empty node, per feasible option (cached)."""
-        got = self._solo_cache.get(cls.index)
-        if got is None:
-            self.feasible(cls)
-            got = self._solo_cache[cls.index]
-        return got
+        return self._options_of(cls)[1]
 
     def ref_cost(self, cls: PodClass) -> float:
         """The cheapest stand-alone $/h per pod of the class (its value when packed)."""
-        got = self._ref_cost.get(cls.index)
-        if got is None:
-            self.feasible(cls)
-            got = self._ref_cost[cls.index]
-        return got
+        return self._options_of(cls)[2]
 
     def _pack_new(self, ctx: Context, pods: Sequence[Pod]) -> list[Pod]:
         """Greedy pattern packing of ``pods`` onto new nodes. Returns the pods left without a node."""
