@@ -568,10 +568,11 @@ class Controller:
         try:
             pods = [p for p in self.backend.list_pods() if p.phase in _LIVE_PHASES]
             listed = self.backend.list_nodes()
-            if listed is not self._listed_nodes[0]:
-                seen = {n.name: self._normalise(n) for n in listed}
-                self._listed_nodes = (listed if isinstance(listed, tuple) else None, seen)
-            nodes = dict(self._listed_nodes[1])  # the controller deletes from it during the round
+            if listed is self._listed_nodes[0]:
+                nodes = dict(self._listed_nodes[1])  # a copy: the controller deletes from it during the round
+            else:
+                nodes = {n.name: self._normalise(n) for n in listed}
+                self._listed_nodes = (listed, dict(nodes)) if isinstance(listed, tuple) else (None, {})
             provided = self.provider.list_nodes()
             if provided is not self._listed_cloud[0]:
                 alive = [c for c in provided if c.state is not CloudNodeState.GONE]
