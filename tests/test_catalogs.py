@@ -176,10 +176,18 @@ def test_aws_excludes_non_nvidia_and_fractional() -> None:
     assert not any("Inferentia" in (it.gpu_model or "") for it in cat.instance_types)
 
 
-def test_aws_unknown_region_lists_choices() -> None:
+def test_aws_unknown_region_names_the_default_and_where_to_look() -> None:
     with pytest.raises(InputError, match="us-east-1") as exc:
-        load_catalog("aws:mars-north-1")
-    assert "not in the aws price data" in str(exc.value)
+        load_catalog("aws:zz-nowhere-9")
+    assert "not in the aws price data" in str(exc.value) and "gpuscale catalog list" in str(exc.value)
+    assert len(str(exc.value)) < 300
+
+
+def test_unknown_region_suggests_close_names() -> None:
+    with pytest.raises(InputError, match="did you mean eu-west-1"):
+        load_catalog("aws:eu-wset-1")
+    with pytest.raises(InputError, match=r"use one of: ap-northeast-1, .*us-east-1"):
+        load_catalog("alibaba:zz-nowhere-9")
 
 
 def test_arch_and_family() -> None:

@@ -103,8 +103,11 @@ def test_openapi_schema_is_served(env: Env) -> None:
     doc = env.anon.get("/openapi.json").json()
     assert {"/api/v1/gpr", "/api/v1/gpr/list", "/api/v1/gpr/waittime"} <= set(doc["paths"])
     assert set(doc["paths"]["/api/v1/gpr"]) == {"get", "post", "put", "delete"}
-    props = doc["components"]["schemas"]["GprSpecIn"]["properties"]
+    body = doc["paths"]["/api/v1/gpr"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    props = body["properties"]
     assert {"requestName", "gpuShape", "numberOfGPUNodes", "exitDuration", "enableEviction"} <= set(props)
+    assert body["additionalProperties"] is False
+    assert props["requestName"]["maxLength"] == 40 and props["priority"]["maximum"] == 300
     assert any(s.get("scheme") == "bearer" for s in doc["components"]["securitySchemes"].values())
 
 

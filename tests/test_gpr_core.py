@@ -183,7 +183,7 @@ def test_validation_reports_every_bad_field_at_once() -> None:
     ("data", "field", "needle"),
     [
         (spec(priority=0), "priority", "got 0"),
-        (spec(numberOfGPUs=0), "numberOfGPUs", "at least 1"),
+        (spec(numberOfGPUs=0), "numberOfGPUs", "between 1 and 64"),
         (spec(exitDuration="8x"), "exitDuration", "not a duration"),
         (spec(exitDuration="0h"), "exitDuration", "longer than zero"),
         (spec(exitDuration=None), "exitDuration", "required"),
@@ -205,8 +205,13 @@ def test_validation_field_errors(data: dict[str, object], field: str, needle: st
     assert needle in errs[field]
 
 
-def test_unknown_extra_fields_are_ignored_for_egs_compatibility() -> None:
-    assert parse_gpr_spec(spec(someEgsOnlyField=True), CATALOG).request_name == "train"
+def test_unknown_fields_are_errors_and_egs_aliases_are_accepted() -> None:
+    assert "someEgsOnlyField" in _errors(spec(someEgsOnlyField=True))
+    assert "did you mean numberOfGPUs" in _errors(spec(numberOfGpus=4))["numberOfGpus"]
+    data = spec(sliceName="team-a", memoryPerGPU=20)
+    data["gprName"] = data.pop("requestName")
+    s = parse_gpr_spec(data, CATALOG)
+    assert (s.request_name, s.memory_per_gpu) == ("train", 20)
 
 
 def test_shape_spellings_and_auto_selection() -> None:

@@ -47,19 +47,46 @@ class GpuscaleError(Exception):
     retry: RetryPolicy = RetryPolicy(RetryKind.NEVER)
 
 
+ECHO_CHARS = 72
+"""Longest echo of an input value in a message; longer values are cut and their length given."""
+
+
+def short_repr(value: object, limit: int = ECHO_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters: ``'aaaa…' (2,000,000 chars)``. Never builds the whole repr of a
+    huge container."""
+    if isinstance(value, str):
+        text = repr(value[: limit + 1])
+        return text if len(value) <= limit and len(text) <= limit + 2 else f"{text[:limit]}… ({len(value):,} chars)"
+    if isinstance(value, (list, tuple, dict, set, frozenset)) and len(value) > limit:
+        return f"{type(value).__name__} of {len(value):,} items"
+    try:
+        text = repr(value)
+    except (RecursionError, ValueError):  # a self-containing structure, or an int too long to print
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} chars)"
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, with the full length when cut."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} chars)"
+
+
 class InputError(GpuscaleError):
-    """Bad user input. ``where`` names the document and field path, ``value`` the offending value."""
+    """Bad user input. ``where`` names the document and field path, ``value`` the offending value.
+
+    The message echoes only a short prefix of the value (:func:`short_repr`), and ``where``, ``message`` and ``fix``
+    are cut too, so a hostile input never yields a huge message."""
 
     def __init__(self, message: str, *, where: str = "", value: object = None, fix: str = "") -> None:
         self.reason = message
         self.where = where
         self.value = value
         self.fix = fix
-        parts = [f"{where}: " if where else "", message]
+        parts = [f"{shorten(where, 200)}: " if where else "", shorten(message, 300)]
         if value is not None:
-            parts.append(f" (got {value!r})")
+            parts.append(f" (got {short_repr(value)})")
         if fix:
-            parts.append(f"; {fix}")
+            parts.append(f"; {shorten(fix, 1000)}")
         super().__init__("".join(parts))
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from gpuscale.core.resources import Request
 from gpuscale.core.scoring import SCORERS, Scorer, Workload
 from gpuscale.core.state import BoolArray, ClusterState, IntArray, NodeShape
 from gpuscale.errors import InputError
+from gpuscale.resources import data_dir
 from gpuscale.traces.openb import load_nodes, load_pods
 
 KS: tuple[int, ...] = (90, 100, 110, 130)
@@ -299,8 +301,8 @@ def load_workload(nodes: str | Path, pods: str | Path) -> tuple[list[NodeShape],
     return load_nodes(nodes), [p.request for p in load_pods(pods)]
 
 
-DATA_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "openb"
-"""Where the shared openb files live (``../shared/data/openb`` relative to the repository root)."""
+DATA_DIR = data_dir() / "openb"
+"""Where the openb files are looked for: ``$GPUSCALE_DATA_DIR/openb`` (not shipped; see :func:`missing_trace`)."""
 
 DEFAULT_NODES = DATA_DIR / "openb_node_list_gpu_node.csv.gz"
 DEFAULT_PODS = DATA_DIR / "openb_pod_list_default.csv.gz"
@@ -378,7 +380,8 @@ def openb_command(nodes: Path, pods: Path, scorer: str, seeds: str, file_order: 
             )
         shapes, requests = load_workload(nodes, pods)
     except InputError as exc:
-        raise click.ClickException(str(exc)) from exc
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
     workload = workload_name(pods)
     console = Console(stderr=as_json)
     results = []

@@ -1,13 +1,14 @@
 """Instance catalogs: the machine shapes and prices the planner chooses from.
 
 ``load_catalog("linode")``, ``load_catalog("aws:eu-west-1")``, ``load_catalog("alibaba", region="cn-wulanchabu")``
-or ``load_catalog("my-catalog.yaml")``. Shipped catalogs are read from the shared price data (``../shared/data/prices``
-next to the repository, or ``$GPUSCALE_DATA_DIR/prices``). See ``docs/catalogs.md``.
+or ``load_catalog("my-catalog.yaml")``. Shipped catalogs read the price CSVs inside the package
+(``gpuscale/data/prices``), or ``$GPUSCALE_DATA_DIR/prices`` when that exists. See ``docs/catalogs.md``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
@@ -21,6 +22,8 @@ __all__ = [
     "DATA_DIR_ENV",
     "KNOWN_CATALOGS",
     "KNOWN_GPU_MODELS",
+    "CatalogInfo",
+    "catalog_info",
     "gpu_model_variants",
     "load_catalog",
     "normalize_gpu_model",
@@ -40,6 +43,40 @@ KNOWN_CATALOGS: Mapping[str, str] = MappingProxyType(
     }
 )
 """Shipped catalog names and a one-line description of each. Append ``:REGION`` to pick a region."""
+
+
+_DEFAULT_REGIONS = {"alibaba": alibaba.DEFAULT_REGION, "aws": aws.DEFAULT_REGION, "linode": linode.DEFAULT_REGION}
+_REGIONS: dict[str, Callable[[], list[str] | None]] = {
+    "alibaba": alibaba.regions,
+    "aws": aws.regions,
+    "linode": linode.regions,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogInfo:
+    """One shipped catalog as ``gpuscale catalog list`` shows it. ``regions`` is None when any region is accepted."""
+
+    name: str
+    description: str
+    default_region: str
+    regions: tuple[str, ...] | None
+    instance_types: int
+    """Instance types in the default region."""
+
+
+def catalog_info(name: str) -> CatalogInfo:
+    """Facts about the shipped catalog ``name`` (reads its price file)."""
+    key = name.lower()
+    if key not in _LOADERS:
+        raise InputError(
+            "unknown catalog", where="catalog", value=name[:60], fix=f"use one of {', '.join(KNOWN_CATALOGS)}"
+        )
+    regions = _REGIONS[key]()
+    types = len(_LOADERS[key](None).instance_types)
+    return CatalogInfo(
+        key, KNOWN_CATALOGS[key], _DEFAULT_REGIONS[key], None if regions is None else tuple(regions), types
+    )
 
 
 def _is_path(text: str) -> bool:

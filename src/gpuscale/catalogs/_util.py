@@ -1,45 +1,25 @@
-"""Shared helpers of the catalog loaders: locating the data, reading CSV files, parsing numbers, sorting."""
+"""Shared helpers of the catalog loaders: reading CSV files, parsing numbers, sorting (the price files are found by
+:func:`gpuscale.resources.prices_dir`)."""
 
 from __future__ import annotations
 
 import csv
+import difflib
 import math
-import os
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
 from gpuscale.core.model import Catalog, InstanceType
 from gpuscale.errors import InputError
-
-DATA_DIR_ENV = "GPUSCALE_DATA_DIR"
-"""Environment variable naming the shared data directory (the one holding ``prices/``)."""
+from gpuscale.resources import DATA_DIR_ENV as DATA_DIR_ENV  # re-exported for the loaders
+from gpuscale.resources import prices_dir as prices_dir
 
 MIB_PER_GIB = 1024
 
-_REPO_ROOT = Path(__file__).resolve().parents[3]
-_DEFAULT_DATA_DIR = _REPO_ROOT / ".." / "shared" / "data"
 _REGION = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
-
-
-def prices_dir(data_dir: Path | None = None) -> Path:
-    """The directory of the price CSV files: ``data_dir``, else ``$GPUSCALE_DATA_DIR``, else ``../shared/data``
-    next to the repository; each with ``prices/`` appended. Raises :class:`InputError` if it does not exist."""
-    source = "argument"
-    if data_dir is None:
-        env = os.environ.get(DATA_DIR_ENV)
-        data_dir, source = (Path(env), DATA_DIR_ENV) if env else (_DEFAULT_DATA_DIR, "default location")
-    path = (data_dir / "prices").resolve()
-    if not path.is_dir():
-        raise InputError(
-            "catalog price data not found",
-            where=str(path),
-            value=str(data_dir),
-            fix=f"the data directory ({source}) must contain prices/; set {DATA_DIR_ENV} to the shared data "
-            "directory, or use a custom YAML catalog (--catalog my-catalog.yaml)",
-        )
-    return path
 
 
 def read_csv(path: Path, required: Iterable[str]) -> list[tuple[int, dict[str, str]]]:
@@ -92,15 +72,26 @@ def check_region(provider: str, region: str, available: Iterable[str] | None = N
             fix=f"use a region slug such as {provider}:us-east-1 (lower-case letters, digits and '-')",
         )
     if available is not None:
-        regions = sorted(set(available))
-        if region not in regions:
+        rows = Counter(available)
+        if region not in rows:
             raise InputError(
                 f"region not in the {provider} price data",
                 where=f"catalog {provider}",
                 value=region,
-                fix=f"use one of: {', '.join(regions)}",
+                fix=_region_choices(region, rows),
             )
     return region
+
+
+def _region_choices(region: str, rows: Counter[str]) -> str:
+    """All regions if they fit a short line; else the closest names and the regions with the most rows first."""
+    regions = sorted(rows)
+    if len(", ".join(regions)) <= 160:
+        return f"use one of: {', '.join(regions)}"
+    close = difflib.get_close_matches(region, regions, n=3, cutoff=0.6)
+    common = [r for r, _ in sorted(rows.items(), key=lambda kv: (-kv[1], kv[0])) if r not in close]
+    shown = (close + common)[:8]
+    return f"use one of the {len(regions)} regions, e.g. {', '.join(shown)}"
 
 
 def sorted_catalog(name: str, types: Iterable[InstanceType], warnings: Iterable[str]) -> Catalog:

@@ -23,6 +23,7 @@ from gpuscale.catalogs._util import (
     read_csv,
     sorted_catalog,
 )
+from gpuscale.catalogs.regions import require_region
 from gpuscale.core.gpus import normalize_gpu_model, per_gpu_memory_gb
 from gpuscale.core.model import CapacityType, Catalog, InstanceType, Offering
 
@@ -55,11 +56,17 @@ def _memory_gib(text: str) -> float | None:
     return value if value > 0 else None
 
 
+def regions(data_dir: Path | None = None) -> list[str]:
+    """The regions the Alibaba price file lists."""
+    return sorted({row["Region"] for _, row in read_csv(prices_dir(data_dir) / FILE_NAME, _COLUMNS)})
+
+
 def load(region: str | None = None, data_dir: Path | None = None) -> Catalog:
     """The Alibaba ECS GPU catalog for one ``region`` (default ``us-east-1``), with on-demand and spot offerings."""
     path = prices_dir(data_dir) / FILE_NAME
     rows = read_csv(path, _COLUMNS)
-    region = check_region(PROVIDER, region or DEFAULT_REGION, (r["Region"] for _, r in rows))
+    region = check_region(PROVIDER, region or DEFAULT_REGION)
+    require_region(PROVIDER, region, (r["Region"] for _, r in rows), DEFAULT_REGION)
     by_type: dict[str, list[tuple[int, dict[str, str]]]] = defaultdict(list)
     for line, row in rows:
         if row["Region"] == region:

@@ -28,6 +28,7 @@ from gpuscale.catalogs._util import (
     read_csv,
     sorted_catalog,
 )
+from gpuscale.catalogs.regions import require_region
 from gpuscale.core.gpus import known_memory_gb, normalize_gpu_model, per_gpu_memory_gb
 from gpuscale.core.model import CapacityType, Catalog, InstanceType, Offering
 
@@ -55,11 +56,17 @@ def _gib(text: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
+def regions(data_dir: Path | None = None) -> list[str]:
+    """The regions (and Local/Wavelength Zones) the AWS price file lists."""
+    return sorted({row["region"] for _, row in read_csv(prices_dir(data_dir) / FILE_NAME, _COLUMNS)})
+
+
 def load(region: str | None = None, data_dir: Path | None = None) -> Catalog:
     """The AWS GPU catalog for one ``region`` (default ``us-east-1``)."""
     path = prices_dir(data_dir) / FILE_NAME
     rows = read_csv(path, _COLUMNS)
-    region = check_region(PROVIDER, region or DEFAULT_REGION, (r["region"] for _, r in rows))
+    region = check_region(PROVIDER, region or DEFAULT_REGION)
+    require_region(PROVIDER, region, (r["region"] for _, r in rows), DEFAULT_REGION)
     types: list[InstanceType] = []
     warnings: list[str] = []
     excluded: dict[str, list[str]] = defaultdict(list)

@@ -17,12 +17,17 @@ from gpuscale.catalogs._util import sorted_catalog
 from gpuscale.core.gpus import known_memory_gb, normalize_gpu_model
 from gpuscale.core.model import CapacityType, Catalog, InstanceType, Offering
 from gpuscale.errors import InputError
+from gpuscale.inputs import GuardedLoader, load_yaml_text, read_text
 
 API_VERSION = "gpuscale.io/v1alpha1"
 KIND = "InstanceCatalog"
 ARCHES = ("amd64", "arm64")
-_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(Mi|Gi|Ti)$")
+_QUANTITY = re.compile(r"^([0-9]{1,12}(?:\.[0-9]{1,12})?)(Mi|Gi|Ti)$")  # ASCII digits only
 _MIB_PER_UNIT = {"Mi": 1, "Gi": 1024, "Ti": 1024 * 1024}
+MAX_COUNT = 1_000_000
+"""Upper bound of vCPU and GPU counts."""
+MAX_PRICE = 1_000_000.0
+"""Upper bound of an hourly price (USD)."""
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 
 
@@ -40,8 +45,8 @@ class _Seq(list[Any]):
     lines: list[int]
 
 
-class _Loader(yaml.SafeLoader):
-    """Safe loader that records line numbers and rejects duplicate keys."""
+class _Loader(GuardedLoader):
+    """The guarded loader of :mod:`gpuscale.inputs`, recording line numbers and rejecting duplicate keys."""
 
 
 class _KeyError(Exception):
@@ -133,19 +138,21 @@ class _Validator:
 
     def positive_int(self, m: _Map, key: str, path: str) -> int:
         value: int = self.typed(m, key, path, int)
-        if value <= 0:
-            raise self.fail(f"{path}.{key}", m.lines[key], "must be a positive integer", value, "write e.g. 8")
+        if not 0 < value <= MAX_COUNT:
+            raise self.fail(
+                f"{path}.{key}", m.lines[key], f"must be a positive integer up to {MAX_COUNT:,}", value, "write e.g. 8"
+            )
         return value
 
     def name(self, m: _Map, key: str, path: str, default: str | None = None) -> str:
         value: str | None = self.typed(m, key, path, str, default)
-        if value is None or not _NAME.match(value):
+        if value is None or len(value) > 253 or not _NAME.match(value):
             raise self.fail(
                 f"{path}.{key}" if path else key,
                 m.lines.get(key, m.line),
                 "invalid name",
                 value,
-                "use letters, digits, '.', '_' and '-', starting and ending with a letter or digit",
+                "use up to 253 letters, digits, '.', '_' and '-', starting and ending with a letter or digit",
             )
         return value
 
@@ -181,8 +188,9 @@ def _offering(v: _Validator, obj: object, path: str, line: int) -> Offering:
             f"use one of: {', '.join(c.value for c in CapacityType)}",
         ) from None
     price: float = v.typed(m, "price", path, float)
-    if price < 0:
-        raise v.fail(f"{path}.price", m.lines["price"], "negative price", price, "give the $/hour price, 0 or more")
+    if not 0 <= price <= MAX_PRICE:
+        problem = "negative price" if price < 0 else f"price above {MAX_PRICE:,.0f}"
+        raise v.fail(f"{path}.price", m.lines["price"], problem, price, "give the $/hour price, 0 or more")
     available: bool = v.typed(m, "available", path, bool, True)
     return Offering(zone=zone, capacity_type=cap, hourly_price=price, available=available)
 
@@ -253,15 +261,9 @@ def parse(text: str, file: str, *, region: str | None = None) -> Catalog:
     """A catalog from the YAML ``text`` of ``file`` (used in error messages), optionally kept to one ``region``."""
     v = _Validator(file)
     try:
-        doc = yaml.load(text, Loader=_Loader)  # _Loader derives from SafeLoader
+        doc, _ = load_yaml_text(text, source=file, loader_cls=_Loader)  # size, depth and alias limits
     except _KeyError as exc:
         raise InputError(exc.message, where=f"{file}:{exc.line}", value=exc.key, fix=exc.fix) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{file}:{mark.line + 1}" if mark is not None else file
-        raise InputError(
-            f"not valid YAML: {getattr(exc, 'problem', exc)}", where=where, fix="fix the YAML syntax"
-        ) from None
     top = v.mapping(doc, "", 1, ("apiVersion", "kind", "name", "instanceTypes"), ("provider", "region"))
     for key, expected in (("apiVersion", API_VERSION), ("kind", KIND)):
         if top[key] != expected:
@@ -300,10 +302,7 @@ def parse(text: str, file: str, *, region: str | None = None) -> Catalog:
 
 def load(path: Path, *, region: str | None = None) -> Catalog:
     """A custom catalog from the YAML file at ``path``."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("catalog file not found", where=str(path), fix="check the path given to --catalog") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read catalog file: {exc}", where=str(path)) from None
+    if not path.exists():
+        raise InputError("catalog file not found", where=str(path), fix="check the path given to --catalog")
+    text = read_text(path, what="catalog file")
     return parse(text, str(path), region=region)

@@ -33,6 +33,11 @@ def family_of(plan: str) -> str:
     return "-".join(parts[:2]) if len(parts) > 2 else plan
 
 
+def regions(data_dir: Path | None = None) -> None:
+    """None: the Linode price file does not say in which regions GPU plans exist (any region slug is accepted)."""
+    return None
+
+
 def load(region: str | None = None, data_dir: Path | None = None) -> Catalog:
     """The Linode GPU catalog for ``region`` (default ``us-ord``)."""
     region = check_region(PROVIDER, region or DEFAULT_REGION)

@@ -10,119 +10,276 @@
 ===========================  ===================================================================
 
 Every ``/api`` route needs ``Authorization: Bearer <GPUSCALE_API_TOKEN>`` (401 otherwise). ``/openapi.json``,
-``/docs`` and ``/healthz`` are public. Bad input never reaches the queue: types are checked by the request models
-and everything else (durations, ranges, GPU shape against the catalog) by :func:`gpuscale.core.gpr.parse_gpr_spec`;
-both answer 422 in FastAPI's ``{"detail": [{"loc": ["body", field], "msg": ...}]}`` form.
+``/docs`` and ``/healthz`` are public. Bodies are read and checked here, completely, before anything is stored
+(:func:`gpuscale.core.gpr.parse_gpr_spec`: unknown fields, types, Unicode, lengths, bounds, catalog); every error
+is JSON, ``{"detail": [{"loc": ["body", field], "msg": ...}]}`` for 422, ``{"detail": text}`` otherwise, and
+responses are ASCII-escaped JSON. With ``allowed_hosts`` set, a request whose ``Host`` is not in it gets 421.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable, Collection, MutableMapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from gpuscale.core.gpr import (
+    CLUSTER_NAME_MAX,
+    DEFAULT_PRIORITY,
+    IGNORED_EGS_FIELDS,
+    MAX_GPUS_PER_NODE,
+    MAX_MEMORY_PER_GPU_GB,
+    MAX_NODES_PER_GPR,
+    MAX_SELECTOR_LABELS,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    REQUEST_NAME_MAX,
+    SPEC_ALIASES,
+    SPEC_FIELDS,
+    TEXT_MAX,
     FieldError,
     GprState,
     GprValidationError,
     IllegalTransition,
+    clean_text,
     format_duration,
     gpr_to_dict,
     parse_gpr_spec,
+    unknown_field_errors,
 )
-from gpuscale.errors import InputError
+from gpuscale.errors import InputError, short_repr
 from gpuscale.gpr.manager import GprManager
-from gpuscale.gpr.store import GprNotFound
+from gpuscale.gpr.store import CorruptGpr, GprNotFound
 
 API_PREFIX = "/api/v1"
+MAX_BODY_BYTES = 1024 * 1024
+"""Largest accepted request body (413 beyond)."""
+GPR_ID_MAX = 64
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+"""``Host`` names accepted when the server is bound to a loopback address."""
 _BEARER = HTTPBearer(auto_error=False, description="GPUSCALE_API_TOKEN")
+log = logging.getLogger("gpuscale.gpr.api")
+
+Scope = MutableMapping[str, Any]
+AsgiMessage = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[AsgiMessage]]
+Send = Callable[[AsgiMessage], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_DURATION_PATTERN = r"^\s*([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?\s*$"
+_NAME_PATTERN = r"^[^\u0000-\u001f\u007f-\u009f]*$"
+_SPEC_PROPERTIES: dict[str, Any] = {
+    "requestName": {"type": "string", "minLength": 1, "maxLength": REQUEST_NAME_MAX, "pattern": _NAME_PATTERN},
+    "clusterName": {
+        "type": "string",
+        "maxLength": CLUSTER_NAME_MAX,
+        "pattern": r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$",
+    },
+    "instanceType": {"type": "string", "maxLength": TEXT_MAX, "description": "A catalog instance type"},
+    "gpuShape": {"type": "string", "maxLength": TEXT_MAX, "description": "GPU model, e.g. RTX4000-Ada"},
+    "enableAutoGpuSelection": {"type": "boolean"},
+    "numberOfGPUs": {"type": "integer", "minimum": 1, "maximum": MAX_GPUS_PER_NODE, "default": 1},
+    "numberOfGPUNodes": {"type": "integer", "minimum": 1, "maximum": MAX_NODES_PER_GPR, "default": 1},
+    "memoryPerGpu": {"type": "integer", "minimum": 0, "maximum": MAX_MEMORY_PER_GPU_GB, "description": "GB"},
+    "priority": {"type": "integer", "minimum": PRIORITY_MIN, "maximum": PRIORITY_MAX, "default": DEFAULT_PRIORITY},
+    "exitDuration": {"type": "string", "maxLength": 32, "pattern": _DURATION_PATTERN, "description": "e.g. 0d8h0m"},
+    "idleTimeOutDuration": {"type": "string", "maxLength": 32, "pattern": _DURATION_PATTERN},
+    "enforceIdleTimeOut": {"type": "boolean"},
+    "earlyRelease": {"type": "boolean"},
+    "enableEviction": {"type": "boolean"},
+    "requeueOnFailure": {"type": "boolean"},
+    "enableDynamicNodePool": {"type": "boolean"},
+    "workloadSelector": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "matchLabels": {
+                "type": "object",
+                "maxProperties": MAX_SELECTOR_LABELS,
+                "additionalProperties": {"type": "string", "maxLength": 63},
+            }
+        },
+    },
+    "gprName": {"type": "string", "maxLength": REQUEST_NAME_MAX, "description": "EGS alias of requestName"},
+    "memoryPerGPU": {"type": "integer", "minimum": 0, "maximum": MAX_MEMORY_PER_GPU_GB, "description": "alias"},
+    "sliceName": {"type": "string", "maxLength": CLUSTER_NAME_MAX, "description": "EGS workspace; ignored"},
+    "preferredClusters": {"type": "array", "maxItems": MAX_SELECTOR_LABELS, "items": {"type": "string"}},
+    "enableAutoClusterSelection": {"type": "boolean", "description": "EGS; ignored"},
+}
+SPEC_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["requestName", "exitDuration"],
+    "additionalProperties": False,
+    "properties": _SPEC_PROPERTIES,
+}
+"""OpenAPI schema of a create body (what the parser enforces; catalog checks come on top)."""
+UPDATE_FIELDS = ("gprId", "priority", "earlyRelease")
+_GPR_ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": GPR_ID_MAX}
+UPDATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["gprId"],
+    "additionalProperties": False,
+    "properties": {
+        "gprId": _GPR_ID_SCHEMA,
+        "priority": _SPEC_PROPERTIES["priority"],
+        "earlyRelease": {"type": "boolean"},
+    },
+}
+WAITTIME_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"gprId": _GPR_ID_SCHEMA, **_SPEC_PROPERTIES},
+}
 
 
-class WorkloadSelector(BaseModel):
-    """Pods whose labels match ``matchLabels`` are the GPR's workloads."""
+class ProblemOut(BaseModel):
+    """One field-level problem."""
 
-    model_config = ConfigDict(strict=True, extra="forbid")
-    matchLabels: dict[str, str] = Field(default_factory=dict)
-
-
-class GprSpecIn(BaseModel):
-    """A GPU Provisioning Request (EGS field names). Durations like ``0d8h0m``, ``8h`` or ``30m``."""
-
-    model_config = ConfigDict(strict=True, extra="allow")
-    requestName: str = Field(description="A name for the request")
-    clusterName: str | None = None
-    instanceType: str | None = Field(None, description="A catalog instance type, e.g. g2-gpu-rtx4000a4-s")
-    gpuShape: str | None = Field(None, description="GPU model, e.g. RTX4000-Ada (any spelling)")
-    enableAutoGpuSelection: bool | None = None
-    numberOfGPUs: int | None = Field(None, description="GPUs per node (default 1)")
-    numberOfGPUNodes: int | None = Field(None, description="Nodes (default 1)")
-    memoryPerGpu: int | None = Field(None, description="Minimum GPU memory per GPU, GB")
-    priority: int | None = Field(None, description="1-300, default 101; low 1-100, medium 101-200, high 201-300")
-    exitDuration: str = Field(description="How long the nodes are held once ready, e.g. 0d8h0m")
-    idleTimeOutDuration: str | None = None
-    enforceIdleTimeOut: bool | None = None
-    earlyRelease: bool | None = None
-    enableEviction: bool | None = Field(None, description="Higher-priority GPRs may evict this one")
-    requeueOnFailure: bool | None = None
-    enableDynamicNodePool: bool | None = None
-    workloadSelector: WorkloadSelector | dict[str, str] | None = None
+    loc: list[str]
+    msg: str
+    type: str = "value_error"
 
 
-class GprUpdateIn(BaseModel):
-    """Change a GPR's priority and/or release it early."""
+class ProblemsOut(BaseModel):
+    """A 422 answer: every problem found."""
 
-    model_config = ConfigDict(strict=True)
-    gprId: str
-    priority: int | None = None
-    earlyRelease: bool | None = None
+    detail: list[ProblemOut]
 
 
-class WaitTimeIn(GprSpecIn):
-    """Either ``gprId`` of an existing GPR, or a spec to estimate for."""
+class MessageOut(BaseModel):
+    """Any other error answer."""
 
-    requestName: str = "wait-time-probe"
-    exitDuration: str = "1h"
-    gprId: str | None = None
+    detail: str
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"model": MessageOut, "description": "Missing or invalid bearer token"},
+    421: {"model": MessageOut, "description": "Host header not allowed (loopback bind)"},
+    422: {"model": ProblemsOut, "description": "Invalid input, one entry per field"},
+    500: {"model": MessageOut, "description": "Internal error (logged), or a stored row that cannot be decoded"},
+}
+"""Error shapes, documented on every ``/api`` route of the OpenAPI document."""
+
+
+class AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: any Python string, even one holding a lone surrogate, encodes."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
 def _problems(errors: list[tuple[str, str]], status: int = 422) -> JSONResponse:
-    return JSONResponse(
+    return AsciiJSONResponse(
         {"detail": [{"loc": ["body", f] if f else ["body"], "msg": m, "type": "value_error"} for f, m in errors]},
         status_code=status,
     )
 
 
 def _message(status: int, text: str) -> JSONResponse:
-    return JSONResponse({"detail": text}, status_code=status)
+    return AsciiJSONResponse({"detail": text}, status_code=status)
 
 
-def _dump(model: BaseModel) -> dict[str, Any]:
-    data = model.model_dump(exclude_unset=True)
-    if isinstance(data.get("workloadSelector"), dict) and "matchLabels" in data["workloadSelector"]:
-        data["workloadSelector"] = {"matchLabels": data["workloadSelector"]["matchLabels"]}
+def _body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+async def _read_json(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object; :class:`GprValidationError` for anything else."""
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise GprValidationError([FieldError("", f"body is {len(raw):,} bytes; at most {MAX_BODY_BYTES:,}")])
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise GprValidationError([FieldError("", "JSON is nested too deeply")]) from None
+    except ValueError as exc:  # bad JSON, bad UTF-8, or an integer too long to convert
+        raise GprValidationError([FieldError("", f"not valid JSON: {str(exc)[:120]}")]) from None
+    if not isinstance(data, dict):
+        raise GprValidationError([FieldError("", f"must be a JSON object, got {type(data).__name__}")])
     return data
 
 
-def create_app(manager: GprManager, *, token: str) -> FastAPI:
-    """The FastAPI application serving ``manager``; every ``/api`` route requires bearer ``token``."""
+def _gpr_id(value: object, field: str = "gprId") -> str:
+    if not isinstance(value, str) or not value:
+        raise GprValidationError([FieldError(field, f"must be a non-empty string, got {short_repr(value, 30)}")])
+    bad = clean_text(value)
+    if bad or len(value) > GPR_ID_MAX:
+        reason = bad or f"must be at most {GPR_ID_MAX} characters, got {len(value):,}"
+        raise GprValidationError([FieldError(field, reason)])
+    return value
+
+
+def _host_name(header: str) -> str:
+    """The host part of a ``Host`` header (``[::1]:8080`` -> ``::1``), lower-cased."""
+    h = header.strip().lower()
+    if h.startswith("["):
+        return h[1 : h.find("]")] if "]" in h else h
+    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+
+
+class _Guard:
+    """Outermost ASGI layer: refuses foreign ``Host`` headers (421) and turns any unhandled exception into a JSON
+    500 that keeps the connection open (the exception is logged, never sent)."""
+
+    def __init__(self, app: ASGIApp, allowed_hosts: Collection[str] | None) -> None:
+        self.app = app
+        self.allowed = None if allowed_hosts is None else frozenset(_host_name(h) for h in allowed_hosts)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.allowed is not None:
+            host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+            if _host_name(host) not in self.allowed:
+                resp = _message(421, f"Host {short_repr(host, 40)} is not allowed; see --allowed-host")
+                await resp(scope, receive, send)
+                return
+        started = False
+
+        async def tracking_send(message: AsgiMessage) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:  # the last line of defence: one JSON 500, logged without the request body
+            log.error("%s %s failed: %s", scope.get("method"), scope.get("path"), type(exc).__name__, exc_info=exc)
+            if not started:
+                await _message(500, "internal error; the server log has details")(scope, receive, send)
+
+
+def create_app(manager: GprManager, *, token: str, allowed_hosts: Collection[str] | None = None) -> FastAPI:
+    """The FastAPI application serving ``manager``; every ``/api`` route requires bearer ``token``.
+
+    ``allowed_hosts``: when given, requests whose ``Host`` header names another host are refused with 421 (the
+    server passes :data:`LOOPBACK_HOSTS` plus any ``--allowed-host`` when bound to a loopback address).
+    """
     if not token:
         raise InputError("empty API token", where="GPUSCALE_API_TOKEN", fix="set a long random secret")
     app = FastAPI(
         title="gpuscale GPU Provisioning Requests",
         version="v1",
         description="EGS-compatible GPU Provisioning Request API of gpuscale.",
+        default_response_class=AsciiJSONResponse,
     )
     expected = token.encode()
 
     def authorize(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
-        if creds is None or not hmac.compare_digest(creds.credentials.encode(), expected):
+        if creds is None or not hmac.compare_digest(creds.credentials.encode("utf-8", "replace"), expected):
             raise HTTPException(401, "missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"})
 
-    router = APIRouter(prefix=API_PREFIX, dependencies=[Depends(authorize)])
+    router = APIRouter(prefix=API_PREFIX, dependencies=[Depends(authorize)], responses=ERROR_RESPONSES)
     now = manager.clock.now
 
     @app.exception_handler(GprValidationError)
@@ -137,67 +294,126 @@ def create_app(manager: GprManager, *, token: str) -> FastAPI:
     def _missing(_: Request, exc: GprNotFound) -> JSONResponse:
         return _message(404, str(exc))
 
+    @app.exception_handler(CorruptGpr)
+    def _corrupt(_: Request, exc: CorruptGpr) -> JSONResponse:
+        log.error("%s", exc)
+        return _message(500, str(exc))
+
     @app.exception_handler(InputError)
     def _bad(_: Request, exc: InputError) -> JSONResponse:
         return _problems([(exc.where, str(exc))])
+
+    @app.exception_handler(RequestValidationError)
+    def _params(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [(str(e.get("loc", ["", ""])[-1])[:40], str(e.get("msg", ""))[:200]) for e in exc.errors()[:10]]
+        return AsciiJSONResponse(
+            {"detail": [{"loc": ["query", f], "msg": m, "type": "value_error"} for f, m in errors]}, status_code=422
+        )
+
+    @app.exception_handler(HTTPException)
+    def _http(_: Request, exc: HTTPException) -> JSONResponse:
+        return AsciiJSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @router.post("/gpr", status_code=201, summary="Create a GPR")
-    def create(body: GprSpecIn) -> dict[str, Any]:
-        return gpr_to_dict(manager.create(_dump(body)), now=now())
+    @router.post("/gpr", status_code=201, summary="Create a GPR", openapi_extra=_body(SPEC_SCHEMA))
+    async def create(request: Request) -> dict[str, Any]:
+        data = await _read_json(request)
+        gpr = await run_in_threadpool(manager.create, data)
+        return gpr_to_dict(gpr, now=now())
 
     @router.get("/gpr", summary="Get one GPR")
-    def get(gprId: Annotated[str, Query(min_length=1)]) -> dict[str, Any]:
-        return gpr_to_dict(manager.get(gprId), now=now())
+    def get(gprId: Annotated[str, Query(min_length=1, max_length=GPR_ID_MAX)]) -> dict[str, Any]:
+        return gpr_to_dict(manager.get(_gpr_id(gprId)), now=now())
 
     @router.get("/gpr/list", summary="List GPRs")
     def list_(
         status: Annotated[GprState | None, Query()] = None,
-        clusterName: Annotated[str | None, Query()] = None,
+        clusterName: Annotated[str | None, Query(max_length=CLUSTER_NAME_MAX)] = None,
     ) -> dict[str, Any]:
-        gprs = manager.list_gprs([status] if status else None)
+        stored, bad = manager.store.list_checked([status] if status else None)
+        for err in bad:
+            log.error("%s", err)
+        gprs = [s.gpr for s in stored]
         if clusterName:
             gprs = [g for g in gprs if g.spec.cluster_name == clusterName]
         t = now()
-        return {"items": [gpr_to_dict(g, now=t) for g in gprs], "count": len(gprs)}
+        return {
+            "items": [gpr_to_dict(g, now=t) for g in gprs],
+            "count": len(gprs),
+            "errors": [{"gprId": e.gpr_id, "error": e.reason} for e in bad],
+        }
 
-    @router.put("/gpr", summary="Change priority or release early")
-    def update(body: GprUpdateIn) -> dict[str, Any]:
-        if body.priority is None and not body.earlyRelease:
+    @router.put("/gpr", summary="Change priority or release early", openapi_extra=_body(UPDATE_SCHEMA))
+    async def update(request: Request) -> dict[str, Any]:
+        data = await _read_json(request)
+        errors = unknown_field_errors(data, UPDATE_FIELDS)
+        gpr_id = data.get("gprId")
+        priority, early = data.get("priority"), data.get("earlyRelease")
+        if priority is not None and (
+            isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX
+        ):
+            errors.append(
+                FieldError("priority", f"must be an integer {PRIORITY_MIN}-{PRIORITY_MAX}, got {short_repr(priority)}")
+            )
+        if early is not None and not isinstance(early, bool):
+            errors.append(FieldError("earlyRelease", f"must be true or false, got {short_repr(early, 30)}"))
+        if errors:
+            raise GprValidationError(errors)
+        gid = _gpr_id(gpr_id)
+        if priority is None and not early:
             raise GprValidationError([FieldError("priority", "give priority and/or earlyRelease: true")])
-        gpr = manager.get(body.gprId)
-        if body.priority is not None:
-            gpr = manager.set_priority(body.gprId, body.priority)
-        if body.earlyRelease:
-            gpr = manager.release(body.gprId)
+        return await run_in_threadpool(_update, gid, priority, bool(early))
+
+    def _update(gpr_id: str, priority: int | None, early: bool) -> dict[str, Any]:
+        gpr = manager.get(gpr_id)
+        if priority is not None:
+            gpr = manager.set_priority(gpr_id, priority)
+        if early:
+            gpr = manager.release(gpr_id)
         return gpr_to_dict(gpr, now=now())
 
     @router.delete("/gpr", summary="Cancel a queued GPR")
-    def delete(gprId: Annotated[str, Query(min_length=1)]) -> dict[str, Any]:
-        return gpr_to_dict(manager.cancel(gprId), now=now())
+    def delete(gprId: Annotated[str, Query(min_length=1, max_length=GPR_ID_MAX)]) -> dict[str, Any]:
+        return gpr_to_dict(manager.cancel(_gpr_id(gprId)), now=now())
 
-    @router.post("/gpr/waittime", summary="Estimate the wait time")
-    def waittime(body: WaitTimeIn) -> dict[str, Any]:
-        data = _dump(body)
+    @router.post("/gpr/waittime", summary="Estimate the wait time", openapi_extra=_body(WAITTIME_SCHEMA))
+    async def waittime(request: Request) -> dict[str, Any]:
+        data = await _read_json(request)
         gpr_id = data.pop("gprId", None)
-        if gpr_id:
-            gpr = manager.get(gpr_id)
-            seconds = manager.wait_for(gpr_id)
-        else:
-            data.setdefault("requestName", "wait-time-probe")
-            data.setdefault("exitDuration", "1h")
-            seconds = manager.estimate_wait(parse_gpr_spec(data, manager.catalog))
-            gpr = None
-        return {
-            "gprId": gpr.gpr_id if gpr else None,
-            "provisioningStatus": gpr.state.value if gpr else None,
-            "estimatedWaitTime": None if seconds is None else format_duration(seconds),
-            "estimatedWaitTimeSeconds": seconds,
-            "servable": seconds is not None,
-        }
+        if gpr_id is not None:
+            errors = unknown_field_errors(data, (*SPEC_FIELDS, *SPEC_ALIASES, *IGNORED_EGS_FIELDS))
+            if errors:
+                raise GprValidationError(errors)
+            return await run_in_threadpool(_wait_for, _gpr_id(gpr_id))
+        if "requestName" not in data and "gprName" not in data:
+            data["requestName"] = "wait-time-probe"
+        data.setdefault("exitDuration", "1h")
+        spec = parse_gpr_spec(data, manager.catalog, max_exit_s=manager.max_exit_s)
+        seconds = await run_in_threadpool(manager.estimate_wait, spec)
+        return _wait_body(None, None, seconds)
+
+    def _wait_for(gpr_id: str) -> dict[str, Any]:
+        gpr = manager.get(gpr_id)
+        return _wait_body(gpr.gpr_id, gpr.state.value, manager.wait_for(gpr_id))
 
     app.include_router(router)
+    return _wrap(app, allowed_hosts)
+
+
+def _wrap(app: FastAPI, allowed_hosts: Collection[str] | None) -> FastAPI:
+    """Install :class:`_Guard` as the outermost layer (``app`` stays a FastAPI for ``openapi()`` and tests)."""
+    app.add_middleware(_Guard, allowed_hosts=allowed_hosts)
     return app
+
+
+def _wait_body(gpr_id: str | None, state: str | None, seconds: float | None) -> dict[str, Any]:
+    return {
+        "gprId": gpr_id,
+        "provisioningStatus": state,
+        "estimatedWaitTime": None if seconds is None else format_duration(seconds),
+        "estimatedWaitTimeSeconds": seconds,
+        "servable": seconds is not None,
+    }

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
-from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -39,44 +39,64 @@ class _Client:
         try:
             resp = self.http.request(method, f"/api/v1{path}", **kw)
         except httpx.HTTPError as exc:
-            _fail(f"cannot reach the gpuscale server at {self.http.base_url}: {exc}")
+            _fail(f"cannot reach the gpuscale server at {self.http.base_url}: {_cell(str(exc), 200)}")
+        try:
+            data = resp.json()
+        except ValueError:
+            data = None
+        detail = data.get("detail") if isinstance(data, dict) else _cell(resp.text, 200)
         if resp.status_code == 422:
-            detail = resp.json().get("detail", [])
+            items = detail if isinstance(detail, list) else [{"msg": detail}]
             lines = [
-                f"  {'.'.join(str(x) for x in d.get('loc', [])[1:]) or 'body'}: {d.get('msg')}" for d in detail
-            ] or [f"  {detail}"]
-            _fail("the server rejected the request:\n" + "\n".join(lines), 2)
+                f"  {_cell('.'.join(str(x) for x in d.get('loc', [])[1:]) or 'body', 60)}: {_cell(str(d.get('msg')))}"
+                for d in items[:20]
+                if isinstance(d, dict)
+            ]
+            more = [f"  ... and {len(items) - 20} more"] if len(items) > 20 else []
+            _fail("the server rejected the request:\n" + "\n".join(lines + more), 2)
         if resp.status_code == 401:
             _fail(f"unauthorized: check {TOKEN_ENV}", 2)
         if resp.status_code >= 400:
-            try:
-                text = resp.json().get("detail", resp.text)
-            except ValueError:
-                text = resp.text
-            _fail(f"HTTP {resp.status_code}: {text}")
-        return resp.json()
+            _fail(f"HTTP {resp.status_code}: {_cell(str(detail), 300)}")
+        if data is None:
+            _fail(f"the server at {self.http.base_url} answered HTTP {resp.status_code} without JSON")
+        return data
 
 
 def _print(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2))
+    click.echo(json.dumps(data, indent=2))  # ensure_ascii: any string, even a lone surrogate, prints
+
+
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
+
+
+def _cell(value: object, limit: int = 80) -> str:
+    """``value`` as one printable line: control, bidi and surrogate characters become ``?``, long text is cut."""
+    text = _UNPRINTABLE.sub("?", "" if value is None else str(value))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 _COLUMNS = ("gprId", "name", "priority", "status", "nodes", "GPUs", "wait", "remaining", "reason")
 
 
-def _row(g: dict[str, Any]) -> list[str]:
-    spec, st = g["spec"], g["status"]
-    return [
-        g["gprId"],
-        spec["requestName"],
-        str(spec["priority"]),
-        st["provisioningStatus"],
-        str(spec["numberOfGPUNodes"]),
-        str(st["numGPUsAllocated"]),
-        st["estimatedWaitTime"] or "",
-        st["remainingDuration"] or "",
-        st["failureReason"],
+def _row(g: Any) -> list[str]:
+    """One table row; a malformed item gives a row of ``?`` rather than an error."""
+    spec = g.get("spec") if isinstance(g, dict) else None
+    st = g.get("status") if isinstance(g, dict) else None
+    spec = spec if isinstance(spec, dict) else {}
+    st = st if isinstance(st, dict) else {}
+    raw = [
+        g.get("gprId", "?") if isinstance(g, dict) else "?",
+        spec.get("requestName", "?"),
+        spec.get("priority", "?"),
+        st.get("provisioningStatus", "?"),
+        spec.get("numberOfGPUNodes", "?"),
+        st.get("numGPUsAllocated", "?"),
+        st.get("estimatedWaitTime") or "",
+        st.get("remainingDuration") or "",
+        st.get("failureReason") or "",
     ]
+    return [_cell(v).replace("\t", " ") for v in raw]
 
 
 def _table(items: list[dict[str, Any]]) -> None:
@@ -88,12 +108,13 @@ def _table(items: list[dict[str, Any]]) -> None:
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     t = Table(title_justify="left")
     for col in _COLUMNS:
         t.add_column(col)
     for g in items:
-        t.add_row(*_row(g))
+        t.add_row(*(Text(c) for c in _row(g)))  # Text: a name like "[bold]" is shown, not interpreted
     Console(highlight=False, soft_wrap=True).print(t)
 
 
@@ -127,13 +148,13 @@ def _spec_options(fn: Any) -> Any:
 def _spec_from_options(kw: dict[str, Any]) -> dict[str, Any]:
     data: dict[str, Any] = {}
     if kw.get("file"):
-        import yaml
+        from gpuscale.errors import InputError
+        from gpuscale.inputs import load_yaml_file
 
-        text = Path(kw["file"]).read_text(encoding="utf-8")
         try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            _fail(f"{kw['file']}: not valid YAML/JSON: {exc}", 2)
+            loaded = load_yaml_file(kw["file"], what="GPR spec")
+        except InputError as exc:
+            _fail(str(exc), 2)
         if isinstance(loaded, dict) and isinstance(loaded.get("spec"), dict):
             loaded = loaded["spec"]
         if not isinstance(loaded, dict):
@@ -169,6 +190,14 @@ def _spec_from_options(kw: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def _json_body(data: dict[str, Any]) -> bytes:
+    """``data`` as a JSON request body; values YAML can hold but JSON cannot (dates, sets) are a clear error."""
+    try:
+        return json.dumps(data, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        _fail(f"the spec holds a value JSON cannot carry: {_cell(str(exc))}; quote it as text", 2)
+
+
 @click.group("gpr")
 def gpr_group() -> None:
     """GPU Provisioning Requests on a gpuscale server (token from GPUSCALE_API_TOKEN)."""
@@ -178,8 +207,8 @@ def gpr_group() -> None:
 @_url
 @_spec_options
 def create_cmd(url: str, **kw: Any) -> None:
-    """Create a GPR from --file and/or options; prints it as JSON."""
-    _print(_Client(url).call("POST", "/gpr", json=_spec_from_options(kw)))
+    """Create a GPR from --file and/or options; prints it as JSON (unknown fields are refused by the server)."""
+    _print(_Client(url).call("POST", "/gpr", content=_json_body(_spec_from_options(kw))))
 
 
 @gpr_group.command("list")
@@ -189,10 +218,17 @@ def create_cmd(url: str, **kw: Any) -> None:
 def list_cmd(url: str, status: str | None, as_json: bool) -> None:
     """List GPRs."""
     data = _Client(url).call("GET", "/gpr/list", params={"status": status} if status else None)
+    if not isinstance(data, dict) or not isinstance(data.get("items"), list):
+        _fail("the server's list answer has no items")
     if as_json:
         _print(data)
     else:
         _table(data["items"])
+    for err in (data.get("errors") or [])[:20]:
+        if isinstance(err, dict):
+            click.echo(
+                f"warning: stored GPR {_cell(err.get('gprId'), 40)} unreadable: {_cell(err.get('error'))}", err=True
+            )
 
 
 @gpr_group.command("get")
@@ -235,7 +271,7 @@ def cancel_cmd(url: str, gpr_id: str) -> None:
 def wait_time_cmd(url: str, gpr_id: str | None, **kw: Any) -> None:
     """Estimate how long until a GPR's nodes would be ready."""
     body = {"gprId": gpr_id} if gpr_id else _spec_from_options(kw)
-    _print(_Client(url).call("POST", "/gpr/waittime", json=body))
+    _print(_Client(url).call("POST", "/gpr/waittime", content=_json_body(body)))
 
 
 @click.command("serve")
@@ -245,7 +281,16 @@ def wait_time_cmd(url: str, gpr_id: str | None, **kw: Any) -> None:
 @click.option("--provider", type=click.Choice(["sim", "linode"]), default="sim", show_default=True)
 @click.option("--catalog", default="linode", show_default=True, help="Catalog for validation, cost and launches.")
 @click.option("--interval", default=5.0, show_default=True, type=click.FloatRange(min=0.1), help="Reconcile period.")
-def serve_command(db: str, host: str, port: int, provider: str, catalog: str, interval: float) -> None:
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    envvar="GPUSCALE_ALLOWED_HOSTS",
+    help="Extra Host name accepted when bound to a loopback address (repeatable; e.g. behind a reverse proxy).",
+)
+def serve_command(
+    db: str, host: str, port: int, provider: str, catalog: str, interval: float, allowed_hosts: tuple[str, ...]
+) -> None:
     """Run the GPR API and controller (token from GPUSCALE_API_TOKEN; Linode settings from LINODE_*)."""
     import logging
 
@@ -254,6 +299,6 @@ def serve_command(db: str, host: str, port: int, provider: str, catalog: str, in
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        serve(db, host, port, provider=provider, catalog=catalog, interval_s=interval)
+        serve(db, host, port, provider=provider, catalog=catalog, interval_s=interval, allowed_hosts=allowed_hosts)
     except InputError as exc:
         _fail(str(exc), 2)

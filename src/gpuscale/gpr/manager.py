@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from gpuscale.clock import Clock, SystemClock
 from gpuscale.core.gpr import (
+    DEFAULT_MAX_EXIT_S,
     GPR_LABEL,
     CapacityView,
     Gpr,
@@ -218,8 +219,10 @@ class GprManager:
         inventory: Inventory | None = None,
         utilization: Callable[[], Mapping[str, float]] | None = None,
         clock: Clock | None = None,
+        max_exit_s: int = DEFAULT_MAX_EXIT_S,
     ) -> None:
         self.store = store
+        self.max_exit_s = max_exit_s
         self.catalog = catalog
         self.config = config or GprConfig()
         self.clock: Clock = clock or SystemClock()
@@ -239,7 +242,7 @@ class GprManager:
     # ---------------------------------------------------------------------------------------- user operations
     def create(self, data: Mapping[str, Any]) -> Gpr:
         """Validate an EGS spec dict against the catalog and queue it; raises ``GprValidationError``."""
-        spec = parse_gpr_spec(data, self.catalog)
+        spec = parse_gpr_spec(data, self.catalog, max_exit_s=self.max_exit_s)
         return self.submit(spec)
 
     def submit(self, spec: GprSpec, *, gpr_id: str | None = None) -> Gpr:

@@ -9,14 +9,17 @@ a missing token is reported on the GPRs, never raised).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import threading
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpuscale.clock import Clock, SystemClock
+from gpuscale.core.gpr import DEFAULT_MAX_EXIT_S, MAX_EXIT_CEILING_S, parse_duration
 from gpuscale.core.model import Catalog
 from gpuscale.errors import AuthenticationError, InputError
 from gpuscale.gpr.manager import GprManager, Inventory, config_from_env
@@ -26,6 +29,7 @@ from gpuscale.providers.base import CloudNode, LaunchRequest, Provider, Provider
 log = logging.getLogger("gpuscale.gpr.server")
 
 TOKEN_ENV = "GPUSCALE_API_TOKEN"
+MAX_EXIT_ENV = "GPUSCALE_MAX_EXIT_DURATION"
 PROVIDERS = ("sim", "linode")
 
 
@@ -101,6 +105,8 @@ class ReconcileLoop:
 
     manager: GprManager
     interval_s: float = 5.0
+    secrets: tuple[str, ...] = ()
+    """Strings (the Linode token) replaced by ``***`` in everything the loop logs, tracebacks included."""
     _stop: threading.Event | None = None
     _thread: threading.Thread | None = None
 
@@ -116,10 +122,17 @@ class ReconcileLoop:
             try:
                 report = self.manager.reconcile()
                 for err in report.errors:
-                    log.warning("reconcile: %s", err)
-            except Exception:  # the loop must survive any single failed pass
-                log.exception("reconcile pass failed")
+                    log.warning("reconcile: %s", self._scrub(str(err)))
+            except Exception as exc:  # the loop must survive any single failed pass
+                text = "".join(traceback.format_exception(exc))
+                log.error("reconcile pass failed: %s", self._scrub(text))
             self._stop.wait(self.interval_s)
+
+    def _scrub(self, text: str) -> str:
+        for secret in self.secrets:
+            if secret:
+                text = text.replace(secret, "***")
+        return text
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop and join the thread."""
@@ -149,13 +162,56 @@ def build_manager(
     region = (env.get("LINODE_REGION") or None) if provider == "linode" else None
     cat = load_catalog(catalog, region=region)
     config = config_from_env(env, provider=provider, cluster=env.get("LINODE_CLUSTER_ID", ""))
+    max_exit = max_exit_from_env(env)
     store = GprStore(db)
     if provider == "sim":
         sim = WallClockSimCloud(cat, clock, latency_s=sim_latency_s)
-        return GprManager(store, cat, config=config, provider=sim, inventory=inventory, clock=clock)
+        return GprManager(
+            store, cat, config=config, provider=sim, inventory=inventory, clock=clock, max_exit_s=max_exit
+        )
     return GprManager(
-        store, cat, config=config, provider_factory=linode_factory(env, clock), inventory=inventory, clock=clock
+        store,
+        cat,
+        config=config,
+        provider_factory=linode_factory(env, clock),
+        inventory=inventory,
+        clock=clock,
+        max_exit_s=max_exit,
     )
+
+
+def max_exit_from_env(env: Mapping[str, str]) -> int:
+    """``GPUSCALE_MAX_EXIT_DURATION`` in seconds (a duration such as ``30d``; default 365 days, at most 100 years)."""
+    raw = env.get(MAX_EXIT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_EXIT_S
+    seconds = parse_duration(raw, where=f"environment variable {MAX_EXIT_ENV}")
+    if not 0 < seconds <= MAX_EXIT_CEILING_S:
+        raise InputError(
+            "is out of range", where=f"environment variable {MAX_EXIT_ENV}", value=raw[:20], fix="use 1m to 36500d"
+        )
+    return seconds
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or name the server binds to) is a loopback address."""
+    name = host.strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def allowed_hosts_for(host: str, extra: Sequence[str] = ()) -> frozenset[str] | None:
+    """The ``Host`` names the API accepts when bound to ``host``: loopback names (plus ``extra``) for a loopback
+    bind, which stops DNS-rebinding attacks from a browser; None (any) otherwise."""
+    if not is_loopback(host):
+        return None
+    from gpuscale.gpr.api import LOOPBACK_HOSTS
+
+    return frozenset(LOOPBACK_HOSTS) | {h.strip().lower() for h in extra if h.strip()}
 
 
 def serve(
@@ -168,6 +224,7 @@ def serve(
     interval_s: float = 5.0,
     env: Mapping[str, str] | None = None,
     log_level: str = "info",
+    allowed_hosts: Sequence[str] = (),
 ) -> None:
     """Run the API and the reconcile loop until interrupted."""
     import uvicorn
@@ -179,10 +236,11 @@ def serve(
     if not token:
         raise InputError("is not set", where=f"environment variable {TOKEN_ENV}", fix="export a long random secret")
     manager = build_manager(db, provider=provider, catalog=catalog, env=env)
-    loop = ReconcileLoop(manager, interval_s)
+    loop = ReconcileLoop(manager, interval_s, secrets=(env.get("LINODE_TOKEN", ""), token))
     loop.start()
     try:
-        uvicorn.run(create_app(manager, token=token), host=host, port=port, log_level=log_level)
+        app = create_app(manager, token=token, allowed_hosts=allowed_hosts_for(host, allowed_hosts))
+        uvicorn.run(app, host=host, port=port, log_level=log_level)
     finally:
         loop.stop()
         manager.store.close()

@@ -77,14 +77,16 @@ from gpuscale.core.model import Catalog
 from gpuscale.errors import InputError
 from gpuscale.gpr.manager import GprManager, ReconcileReport, StaticInventory
 from gpuscale.gpr.store import GprStore
+from gpuscale.inputs import read_text
 from gpuscale.manifests.problems import did_you_mean
 from gpuscale.providers.base import CloudNodeState
+from gpuscale.resources import example
 from gpuscale.sim.cloud import CloudBehaviour, SimCloud
 from gpuscale.sim.engine import Dist, Engine, Timer, stream
-from gpuscale.sim.scenario import _V, _catalog, _cloud, load_yaml_lines
+from gpuscale.sim.scenario import _V, MAX_ARRIVALS, _catalog, _cloud, load_yaml_lines
 
-DEFAULT_SCENARIO = Path(__file__).resolve().parents[3] / "examples" / "gpr-scenario.yaml"
-"""The shipped scenario (``examples/gpr-scenario.yaml`` of a source checkout)."""
+DEFAULT_SCENARIO = example("gpr-scenario.yaml")
+"""The shipped scenario (``gpuscale/examples/gpr-scenario.yaml``, read through :mod:`gpuscale.resources`)."""
 
 BANDS = ("low", "medium", "high")
 _BAND_RANGE = {"low": (1, 100), "medium": (101, 200), "high": (201, PRIORITY_MAX)}
@@ -171,10 +173,7 @@ class SimRequest:
 def load_gpr_scenario(path: str | Path) -> GprScenario:
     """Read and validate a GPR scenario file; raises :class:`InputError` naming file, line and field."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read scenario file: {exc}", where=str(p), fix="give a UTF-8 YAML file") from exc
+    text = read_text(p, what="scenario file")
     return parse_gpr_scenario(text, source=str(p), base_dir=p.parent)
 
 
@@ -206,7 +205,7 @@ def parse_gpr_scenario(
         name=v.string(top.get("name"), "name") or Path(source).stem,
         catalog=catalog,
         requests=_requests(v, top["requests"], catalog, duration),
-        seed=v.integer(top.get("seed", 0), "seed"),
+        seed=v.integer(top.get("seed", 0), "seed", maximum=2**63 - 1),
         duration_s=duration,
         reconcile_interval_s=interval,
         manager=_manager(v, top.get("manager")),
@@ -297,13 +296,18 @@ def _requests(v: _V, raw: object, catalog: Catalog, duration: float) -> RequestS
     early_frac, early = _share_after(v, m.get("earlyRelease"), "requests.earlyRelease", defaults.early_release_after)
     until = v.duration(m["until"], "requests.until") if m.get("until") is not None else duration
     limit = v.integer(m["limit"], "requests.limit", minimum=1) if m.get("limit") is not None else None
+    start = v.duration(m.get("start", 0.0), "requests.start")
+    expected = min(rate * max(0.0, until - start) / 3600, limit or math.inf)
+    if expected > MAX_ARRIVALS:
+        raise v.fail("requests.ratePerHour", f"would generate about {expected:,.0f} requests (at most "
+                     f"{MAX_ARRIVALS:,})", rate, "lower the rate or the duration, or set requests.limit")  # fmt: skip
     exit_d = v.dist(m["exitDuration"], "requests.exitDuration") if "exitDuration" in m else defaults.exit_duration
     if exit_d.mean < 60:
         raise v.fail("requests.exitDuration", "must average at least 1m", m.get("exitDuration"))
     return RequestStream(
         shapes=tuple(shapes),
         rate_per_hour=rate,
-        start_s=v.duration(m.get("start", 0.0), "requests.start"),
+        start_s=start,
         until_s=until,
         limit=limit,
         priorities=weights or dict(defaults.priorities),

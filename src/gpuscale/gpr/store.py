@@ -16,6 +16,8 @@ newer gpuscale is refused with an :class:`InputError`.
 from __future__ import annotations
 
 import json
+import logging
+import re
 import sqlite3
 import threading
 import uuid
@@ -34,7 +36,10 @@ from gpuscale.core.gpr import (
     status_from_record,
     status_to_record,
 )
-from gpuscale.errors import GpuscaleError, InputError
+from gpuscale.errors import GpuscaleError, InputError, shorten
+
+log = logging.getLogger("gpuscale.gpr.store")
+_ID_RE = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.]{0,62}")
 
 SCHEMA_VERSION = 1
 
@@ -60,6 +65,15 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 
 class GprNotFound(GpuscaleError):
     """No GPR with this id."""
+
+
+class CorruptGpr(GpuscaleError):
+    """A stored GPR row cannot be decoded (written by a buggy or newer gpuscale, or edited by hand)."""
+
+    def __init__(self, gpr_id: str, reason: str) -> None:
+        self.gpr_id = gpr_id
+        self.reason = reason
+        super().__init__(f"stored GPR {gpr_id!r} cannot be decoded: {reason}")
 
 
 class StaleWrite(GpuscaleError):
@@ -163,9 +177,14 @@ class GprStore:
     # ------------------------------------------------------------------------------------------------ rows
     @staticmethod
     def _row_to_stored(row: sqlite3.Row) -> Stored:
-        spec = spec_from_dict(json.loads(row["spec"]))
-        status = status_from_record(json.loads(row["status"]))
-        return Stored(Gpr(row["gpr_id"], spec, status, row["created_at"]), int(row["version"]))
+        """Decode a row; any failure becomes :class:`CorruptGpr` naming the row."""
+        gpr_id = str(row["gpr_id"])[:80]
+        try:
+            spec = spec_from_dict(json.loads(row["spec"]))
+            status = status_from_record(json.loads(row["status"]))
+            return Stored(Gpr(row["gpr_id"], spec, status, float(row["created_at"])), int(row["version"]))
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError, GpuscaleError) as exc:
+            raise CorruptGpr(gpr_id, shorten(f"{type(exc).__name__}: {exc}", 300)) from None
 
     @staticmethod
     def _columns(gpr: Gpr) -> tuple[str, int, str, str]:
@@ -186,7 +205,15 @@ class GprStore:
         return self._row_to_stored(row)
 
     def list_gprs(self, states: Iterable[GprState] | None = None) -> list[Stored]:
-        """GPRs in creation order, optionally only those in ``states``."""
+        """GPRs in creation order, optionally only those in ``states``; rows that fail to decode are logged and
+        skipped (:meth:`list_checked` reports them)."""
+        good, bad = self.list_checked(states)
+        for err in bad:
+            log.error("%s", err)
+        return good
+
+    def list_checked(self, states: Iterable[GprState] | None = None) -> tuple[list[Stored], list[CorruptGpr]]:
+        """GPRs in creation order (optionally only those in ``states``) and the rows that failed to decode."""
         with self._lock:
             if states is None:
                 rows = self._db.execute("SELECT * FROM gprs ORDER BY seq").fetchall()
@@ -194,7 +221,14 @@ class GprStore:
                 names = [s.value for s in states]
                 marks = ",".join("?" * len(names))
                 rows = self._db.execute(f"SELECT * FROM gprs WHERE state IN ({marks}) ORDER BY seq", names).fetchall()
-        return [self._row_to_stored(r) for r in rows]
+        good: list[Stored] = []
+        bad: list[CorruptGpr] = []
+        for r in rows:
+            try:
+                good.append(self._row_to_stored(r))
+            except CorruptGpr as exc:
+                bad.append(exc)
+        return good, bad
 
     def events(self, gpr_id: str | None = None) -> list[TransitionRecord]:
         """Recorded transitions, oldest first."""
@@ -229,8 +263,15 @@ class GprStore:
 
     # ------------------------------------------------------------------------------------------------ writes
     def insert(self, gpr: Gpr) -> Stored:
-        """Persist a new GPR (version 1)."""
+        """Persist a new GPR (version 1) in one transaction, after checking that the row decodes back to it
+        (a GPR that could not be read back is refused with :class:`InputError` and nothing is written)."""
         state, prio, spec, status = self._columns(gpr)
+        try:
+            back = spec_from_dict(json.loads(spec))
+        except GpuscaleError as exc:
+            raise InputError(f"GPR cannot be stored: {exc}", where="spec") from None
+        if back != gpr.spec or not _ID_RE.fullmatch(gpr.gpr_id):
+            raise InputError("GPR cannot be stored: it does not read back unchanged", where="spec")
         with self._tx() as db:
             seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM gprs").fetchone()[0]
             db.execute(

@@ -23,6 +23,7 @@ import yaml
 
 from gpuscale.core.model import Catalog, InstanceType, Node, NodePool, OfferingKey, Pod, Snapshot
 from gpuscale.errors import InputError
+from gpuscale.inputs import GuardedLoader, compose_documents, construct, paused_gc, read_text, yaml_error
 from gpuscale.manifests.availability import read_availability
 from gpuscale.manifests.nodes import read_node
 from gpuscale.manifests.pods import read_pod
@@ -59,11 +60,7 @@ def load_snapshot(path: str | Path, *, catalog: Catalog, now: float, notes: list
         raise InputError("snapshot file not found", where=str(p), fix="give the path of a YAML file or directory")
     builder = _Builder(catalog=catalog, now=now)
     for f in files:
-        try:
-            text = f.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"cannot read snapshot file: {exc}", where=str(f), fix="give a UTF-8 YAML file") from exc
-        builder.add_yaml(text, source=str(f))
+        builder.add_yaml(read_text(f, what="snapshot file"), source=str(f))
     return builder.finish(notes)
 
 
@@ -84,28 +81,6 @@ def parse_documents(
     for i, obj in enumerate(docs, start=1):
         builder.add_object(obj, Doc(source=source, index=i, line=None, problems=builder.problems), None)
     return builder.finish(notes)
-
-
-_BaseLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available
-
-
-class _Loader(_BaseLoader):  # type: ignore[misc,valid-type]
-    """A safe loader that rejects duplicate mapping keys (kubectl does too); a silent override hides typos."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[str] = set()
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
-                if key_node.value in seen:
-                    raise yaml.constructor.ConstructorError(
-                        "while constructing a mapping",
-                        node.start_mark,
-                        f"found duplicate key {key_node.value!r}",
-                        key_node.start_mark,
-                    )
-                seen.add(key_node.value)
-        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
-        return mapping
 
 
 def _items(node: yaml.Node) -> list[yaml.Node]:
@@ -171,27 +146,22 @@ class _Builder:
 
     def add_yaml(self, text: str, *, source: str) -> None:
         self.sources.append(source)
-        loader = _Loader(text)
+        loader = GuardedLoader(text)
         index = 0
         try:
-            while loader.check_node():
-                node = loader.get_node()
-                index += 1
-                if node is None:
-                    continue
-                data = loader.construct_document(node)
-                line = node.start_mark.line + 1
-                doc = Doc(source=source, index=index, line=line, problems=self.problems, locate=_locator(node))
-                self.add_object(data, doc, _items(node))
+            with paused_gc():
+                for node in compose_documents(loader, source=source):
+                    index += 1
+                    if node is None:
+                        continue
+                    data = construct(loader, node, source=source)
+                    line = node.start_mark.line + 1
+                    doc = Doc(source=source, index=index, line=line, problems=self.problems, locate=_locator(node))
+                    self.add_object(data, doc, _items(node))
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
-            problem = getattr(exc, "problem", None) or str(exc)
-            context = getattr(exc, "context", None)
-            message = f"YAML syntax error: {context + ': ' if context else ''}{problem}"
-            self.problems.append(
-                InputError(message, where=where, fix="fix the YAML at that line (indentation, quotes)")
-            )
+            self.problems.append(yaml_error(exc, source, label="YAML syntax error", column=True))
+        except InputError as exc:  # a limit of the loader: the rest of the file is not read
+            self.problems.append(exc)
         finally:
             loader.dispose()
 
@@ -199,7 +169,7 @@ class _Builder:
         if data is None:
             return
         if not isinstance(data, dict):
-            doc.error("", "a document must be a Kubernetes object (a mapping with apiVersion and kind)", _short(data))
+            doc.error("", "a document must be a Kubernetes object (a mapping with apiVersion and kind)", data)
             return
         kind, api = data.get("kind"), data.get("apiVersion")
         if not isinstance(kind, str) or not kind:
@@ -239,7 +209,7 @@ class _Builder:
         if items is None:
             return
         if not isinstance(items, list):
-            doc.error("items", "must be a list", _short(items))
+            doc.error("items", "must be a list", items)
             return
         for i, item in enumerate(items):
             node = item_nodes[i] if i < len(item_nodes) else None
@@ -298,8 +268,3 @@ class _Builder:
                         fix="give every pod of a gang the same gpuscale.io/gang-size",
                     )
                 )
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

@@ -15,7 +15,7 @@ from gpuscale.core.model import CapacityType, InstanceType, OfferingKey
 from gpuscale.manifests.fields import as_list, as_mapping, as_str, check_fields, choice
 from gpuscale.manifests.pools import TOP_FIELDS
 from gpuscale.manifests.problems import Doc, FieldError, close_matches
-from gpuscale.manifests.quantity import parse_duration
+from gpuscale.manifests.quantity import MAX_DURATION_S, parse_duration
 
 SPEC_FIELDS = ("unavailable",)
 ENTRY_FIELDS = ("instanceType", "zone", "capacityType", "until")
@@ -92,8 +92,9 @@ def _until(value: object, path: str, now: float) -> float:
     if isinstance(value, bool) or value is None:
         raise FieldError(path, "is required" if value is None else "is not a time", value, fix=UNTIL_HELP)
     if isinstance(value, int | float):
-        if value < 0:
-            raise FieldError(path, "must not be negative", value, fix=UNTIL_HELP)
+        if not 0 <= value <= MAX_DURATION_S:
+            problem = "must not be negative" if value < 0 else "must be at most 10 years of seconds"
+            raise FieldError(path, problem, value, fix=UNTIL_HELP)
         return now + float(value)
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:

@@ -6,12 +6,15 @@ problem of the structure to the :class:`Doc` and return None when it is unusable
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
 from gpuscale.core.model import Requirement, SelectorOperator, Taint, TaintEffect, Toleration
 from gpuscale.manifests.problems import Doc, FieldError, did_you_mean
 
+MAX_INT = 2**53
+"""Largest magnitude of any integer field (exact in a float, far beyond any real value)."""
 OPERATORS = tuple(str(o) for o in SelectorOperator)
 EFFECTS = tuple(str(e) for e in TaintEffect)
 
@@ -48,9 +51,11 @@ def as_str(value: object, path: str, *, required: bool = False) -> str:
 
 
 def as_int(value: object, path: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
-    """An integer within [minimum, maximum]."""
+    """An integer within [minimum, maximum] (and always within +-2**53)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise FieldError(path, f"must be an integer, not {_type(value)}", value)
+    if abs(value) > MAX_INT:
+        raise FieldError(path, "is too large", value, fix=f"use a number of at most {MAX_INT:,} in magnitude")
     if minimum is not None and value < minimum:
         raise FieldError(path, f"must be >= {minimum}", value)
     if maximum is not None and value > maximum:
@@ -149,9 +154,7 @@ def _check_values(op: SelectorOperator, values: tuple[str, ...], path: str) -> N
     if op in (SelectorOperator.GT, SelectorOperator.LT):
         if len(values) != 1:
             raise FieldError(path, f"operator {op} needs exactly one value", list(values))
-        try:
-            int(values[0])
-        except ValueError:
+        if not re.fullmatch(r"-?[0-9]{1,18}", values[0]):
             raise FieldError(
                 path, f"operator {op} compares integers", values[0], fix='write an integer, e.g. "2"'
             ) from None
@@ -236,4 +239,4 @@ def _type(value: object) -> str:
 def _plain(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    return str(value)
+    return str(value) if isinstance(value, int | float) else "..."

@@ -16,6 +16,7 @@ resources) are not modelled: they are reported as notes, not errors.
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
 from typing import Any
 
@@ -34,7 +35,16 @@ from gpuscale.manifests.fields import (
     toleration,
 )
 from gpuscale.manifests.problems import Doc, FieldError, Notes
-from gpuscale.manifests.quantity import QUANTITY_HELP, parse_quantity, to_cpu_milli, to_memory_mib, whole_count
+from gpuscale.manifests.quantity import (
+    MAX_COUNT,
+    MAX_CPU_CORES,
+    MAX_QUANTITY,
+    QUANTITY_HELP,
+    parse_quantity,
+    to_cpu_milli,
+    to_memory_mib,
+    whole_count,
+)
 
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
 COMPLETED_PHASES = ("Succeeded", "Failed")
@@ -193,6 +203,10 @@ def _effective_request(doc: Doc, spec: dict[str, Any], notes: Notes) -> Request 
             milli,
             fix=f"use {GPU_RESOURCE} for whole GPUs",
         )
+    for res, bound in (("cpu", MAX_CPU_CORES), ("memory", int(MAX_QUANTITY)), (GPU_RESOURCE, MAX_COUNT)):
+        if eff[res] > bound:
+            doc.error("spec.containers", f"the pod's {res} request adds up to more than {bound:,}",
+                      fix="ask for what one node can give")  # fmt: skip
     if doc.failed:
         return None
     return Request(
@@ -381,10 +395,7 @@ def _gang(doc: Doc, annotations: dict[str, str]) -> tuple[str | None, int]:
     if size_raw is None:
         doc.error(path, f"is required with {L.GANG_ANNOTATION}", fix=f'add {L.GANG_SIZE_ANNOTATION}: "<pods in gang>"')
         return gang, 0
-    try:
-        size = int(size_raw)
-    except ValueError:
-        size = 0
+    size = int(size_raw) if isinstance(size_raw, str) and re.fullmatch(r"[0-9]{1,6}", size_raw) else 0
     if size < 1:
         doc.error(path, "must be a positive integer", size_raw, fix='e.g. "4"')
     return gang, size

@@ -108,7 +108,7 @@ def read_pool(
     for i, it in enumerate(instance_types):
         if it not in types:
             hits = close_matches(it, types, n=5)
-            fix = f"close matches: {', '.join(hits)}" if hits else "see the catalog's instance types (gpuscale catalog)"
+            fix = f"close matches: {', '.join(hits)}" if hits else "list its types: gpuscale catalog show CATALOG"
             doc.error(f"spec.instanceTypes[{i}]", f"is not an instance type of the catalog in pool {name!r}", it, fix)
 
     requirements: list[Requirement] = []
@@ -336,7 +336,7 @@ _CRON_FIELDS = (
     ("month", 1, 12, ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")),
     ("day of week", 0, 7, ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")),
 )
-_CRON_PART = re.compile(r"^(?:(\*)|(\w+)(?:-(\w+))?)(?:/(\d+))?$")
+_CRON_PART = re.compile(r"^(?:(\*)|([A-Za-z0-9]{1,9})(?:-([A-Za-z0-9]{1,9}))?)(?:/([0-9]{1,4}))?$")
 
 
 def cron_problem(expr: str) -> str | None:
@@ -359,6 +359,6 @@ def cron_problem(expr: str) -> str | None:
                     continue
                 if token.upper() in names:
                     continue
-                if not token.isdigit() or not lo <= int(token) <= hi:
+                if not (token.isascii() and token.isdigit()) or not lo <= int(token) <= hi:
                     return f"{label} must be {lo}..{hi}, got {token!r}"
     return None

@@ -14,9 +14,11 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from gpuscale.errors import InputError
+from gpuscale.errors import InputError, shorten
 
 _NO_VALUE = object()
+MAX_SHOWN = 10
+"""A report of many problems shows the first ones and a count of the rest."""
 
 
 class FieldError(Exception):
@@ -41,8 +43,11 @@ class ManifestError(InputError):
             super().__init__(str(only))
             self.where, self.value, self.fix = only.where, only.value, only.fix
             return
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{n} problems in {source}:\n{lines}", fix="")
+        shown = self.problems[:MAX_SHOWN]
+        lines = "\n".join(f"  - {p}" for p in shown)
+        more = f"\n  ... and {n - len(shown):,} more" if n > len(shown) else ""
+        super().__init__(f"{n:,} problems in {source}:", fix="")
+        self.args = (f"{n:,} problems in {shorten(source, 300)}:\n{lines}{more}",)
 
 
 @dataclass

@@ -7,6 +7,10 @@ than it asked for), capacities (``allocatable``, pool limits) round **down**.
 
 Durations follow Go's ``time.ParseDuration`` (``"30s"``, ``"10m"``, ``"1h30m"``, ``"1.5h"``, ``"500ms"``).
 
+Only ASCII digits are digits (``"٣"`` is not 3), and values are bounded before they are converted:
+:data:`MAX_NUMBER_CHARS` characters of number, :data:`MAX_QUANTITY` (``1Ei``) for any quantity,
+:data:`MAX_CPU_CORES`, :data:`MAX_COUNT` for GPUs and pods, and :data:`MAX_DURATION_S` (10 years) for durations.
+
 Every parse error is a :class:`ValueError` whose message says what is wrong; the manifest readers turn it into an
 :class:`~gpuscale.errors.InputError` naming the document and field, with ``QUANTITY_HELP`` / ``DURATION_HELP`` as
 the fix.
@@ -34,9 +38,18 @@ _DECIMAL = {
     "E": Fraction(10**18),
 }
 _QUANTITY = re.compile(
-    r"^(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))"
-    r"(?:(?P<exp>[eE][+-]?\d+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$"
+    r"^(?P<num>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(?:(?P<exp>[eE][+-]?[0-9]+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$"
 )
+MAX_NUMBER_CHARS = 40
+"""Longest quantity or duration string read (a longer one is refused before it is converted)."""
+MAX_QUANTITY = Fraction(1 << 60)
+"""Largest quantity of any kind (1Ei): memory in bytes, CPU in cores, counts."""
+MAX_CPU_CORES = 10**9
+MAX_COUNT = 10**9
+"""Largest GPU count, milli-GPU amount or pod count."""
+MAX_DURATION_S = 10 * 366 * 86400
+"""Longest duration (10 years)."""
 _MAX_EXPONENT = 30
 QUANTITY_HELP = "write a Kubernetes quantity such as 500m, 2, 0.5, 512Mi, 16Gi, 1G or 1e9"
 
@@ -46,14 +59,17 @@ def parse_quantity(value: object) -> Fraction:
     if isinstance(value, bool) or value is None:
         raise ValueError("not a quantity")
     if isinstance(value, int):
-        return Fraction(value)
+        return _bounded(Fraction(value))
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError("not a finite quantity")
-        return Fraction(repr(value))
+        return _bounded(Fraction(repr(value)))
     if not isinstance(value, str):
         raise ValueError("not a quantity")
-    m = _QUANTITY.match(value.strip())
+    text = value.strip()
+    if len(text) > MAX_NUMBER_CHARS:
+        raise ValueError(f"longer than {MAX_NUMBER_CHARS} characters")
+    m = _QUANTITY.match(text)
     if m is None:
         raise ValueError("not a valid quantity")
     number = Fraction(m["num"])
@@ -61,9 +77,15 @@ def parse_quantity(value: object) -> Fraction:
         exponent = int(m["exp"][1:])
         if abs(exponent) > _MAX_EXPONENT:
             raise ValueError(f"exponent out of range (|e| <= {_MAX_EXPONENT})")
-        return number * Fraction(10) ** exponent
+        return _bounded(number * Fraction(10) ** exponent)
     suffix = m["suffix"] or ""
-    return number * (_BINARY[suffix] if suffix in _BINARY else _DECIMAL[suffix])
+    return _bounded(number * (_BINARY[suffix] if suffix in _BINARY else _DECIMAL[suffix]))
+
+
+def _bounded(q: Fraction) -> Fraction:
+    if abs(q) > MAX_QUANTITY:
+        raise ValueError("too large (at most 1Ei)")
+    return q
 
 
 def _non_negative(value: object) -> Fraction:
@@ -75,8 +97,10 @@ def _non_negative(value: object) -> Fraction:
 
 def cpu_milli(value: object, *, round_up: bool = True) -> int:
     """CPU quantity in millicores (``"500m"`` -> 500, ``"2"`` -> 2000, ``0.25`` -> 250)."""
-    q = _non_negative(value) * 1000
-    return math.ceil(q) if round_up else math.floor(q)
+    q = _non_negative(value)
+    if q > MAX_CPU_CORES:
+        raise ValueError(f"more than {MAX_CPU_CORES:,} cores")
+    return math.ceil(q * 1000) if round_up else math.floor(q * 1000)
 
 
 def memory_mib(value: object, *, round_up: bool = True) -> int:
@@ -90,6 +114,8 @@ def whole_count(value: object) -> int:
     q = _non_negative(value)
     if q.denominator != 1:
         raise ValueError("must be a whole number")
+    if q > MAX_COUNT:
+        raise ValueError(f"more than {MAX_COUNT:,}")
     return int(q)
 
 
@@ -113,7 +139,7 @@ _DURATION_UNITS = {
     "m": Fraction(60),
     "h": Fraction(3600),
 }
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
 DURATION_HELP = 'write a duration such as "30s", "10m", "1h30m" or "1.5h"'
 
 
@@ -122,6 +148,8 @@ def parse_duration(value: object) -> float:
     if not isinstance(value, str):
         raise ValueError("not a duration string")
     text = value.strip()
+    if len(text) > MAX_NUMBER_CHARS:
+        raise ValueError(f"longer than {MAX_NUMBER_CHARS} characters")
     if text == "0":
         return 0.0
     if text.startswith("-"):
@@ -136,4 +164,6 @@ def parse_duration(value: object) -> float:
         pos = m.end()
     if not text:
         raise ValueError("empty duration")
+    if total > MAX_DURATION_S:
+        raise ValueError("longer than 10 years")
     return float(total)

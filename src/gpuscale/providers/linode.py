@@ -662,10 +662,13 @@ class LinodeProvider:
         attempt = 0
         while True:
             attempt += 1
+            scrubbed: ProviderError | None = None  # raised outside the handler, so it has no __context__
             try:
                 return fn()
-            except GpuscaleError:
-                raise
+            except GpuscaleError as exc:
+                if not self._leaks(exc):
+                    raise
+                scrubbed = ProviderError(self._scrub(str(exc))[:300], provider=self.name)
             except ApiError as exc:
                 err, cause = self._map_api_error(exc, what), exc
             except requests.exceptions.Timeout as exc:
@@ -676,6 +679,13 @@ class LinodeProvider:
                     f"linode {what}: connection failed ({type(exc).__name__})", provider=self.name
                 )
                 cause = exc
+            except Exception as exc:  # anything else from the client library: never let the token ride along
+                if not self._leaks(exc):
+                    raise
+                scrubbed = ProviderError(f"linode {what}: {self._scrub(str(exc))[:300]}", provider=self.name)
+            if scrubbed is not None:
+                raise scrubbed
+            cause = self._scrubbed_cause(cause)
             if isinstance(err, RateLimited):
                 delay = min(err.retry_after, self.config.max_retry_after_s)
             elif isinstance(err, TransientProviderError):
@@ -690,6 +700,25 @@ class LinodeProvider:
     def _scrub(self, text: str) -> str:
         token = str(self._client.token or "")
         return text.replace(token, "***") if token else text
+
+    def _leaks(self, exc: BaseException) -> bool:
+        """Whether the token appears in ``exc``, its arguments or anything in its cause/context chain."""
+        token = str(self._client.token or "")
+        seen: set[int] = set()
+        cur: BaseException | None = exc
+        while token and cur is not None and id(cur) not in seen:
+            seen.add(id(cur))
+            if token in str(cur) or any(token in repr(a) for a in cur.args):
+                return True
+            cur = cur.__cause__ or cur.__context__
+        return False
+
+    def _scrubbed_cause(self, exc: BaseException) -> BaseException | None:
+        """``exc`` as the ``__cause__`` of a mapped error, or a scrubbed stand-in (with no chain) when the token
+        appears anywhere in it: tracebacks logged later then cannot show the token."""
+        if not self._leaks(exc):
+            return exc
+        return ProviderError(f"{type(exc).__name__}: {self._scrub(str(exc))[:300]}", provider=self.name)
 
     def _map_api_error(self, exc: ApiError, what: str) -> ProviderError:
         status = int(exc.status)

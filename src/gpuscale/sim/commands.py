@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
 import json
+import shutil
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -13,16 +16,16 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from gpuscale.errors import InputError
+from gpuscale.resources import example
 from gpuscale.sim.policies import POLICIES, factory_for, lower_bound
 from gpuscale.sim.report import format_report, write_outputs
 from gpuscale.sim.runner import SimResult, run_simulation
 from gpuscale.sim.scenario import Scenario, load_scenario
 from gpuscale.sim.workloads import Arrival
 
-DEMO_SCENARIO = Path(__file__).resolve().parent.parent / "examples" / "demo.yaml"
+DEMO_SCENARIO = example("demo.yaml")
 COMPARE_KEYS = (
     "policy",
     "costUsd",
@@ -36,11 +39,6 @@ COMPARE_KEYS = (
     "failedLaunches",
     "disruptions",
 )
-
-
-def _fail(exc: InputError) -> None:
-    click.echo(f"error: {exc}", err=True)
-    sys.exit(2)
 
 
 @contextmanager
@@ -78,14 +76,10 @@ def _policy_name(scenario: Scenario, override: str | None) -> str:
 
 def run_and_report(path: str | Path, policy: str | None, as_json: bool, out: str | None, seed: int | None) -> None:
     """Shared body of ``simulate`` and ``demo``."""
-    try:
-        scenario = load_scenario(path)
-        if seed is not None:
-            scenario = dataclasses.replace(scenario, seed=seed)
-        name = _policy_name(scenario, policy)
-    except InputError as exc:
-        _fail(exc)
-        return
+    scenario = load_scenario(path)
+    if seed is not None:
+        scenario = dataclasses.replace(scenario, seed=seed)
+    name = _policy_name(scenario, policy)
     result = simulate_policy(scenario, name, show_progress=not as_json and sys.stderr.isatty())
     report = result.report
     if out:
@@ -165,26 +159,103 @@ def plot_compare(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> N
     plt.close(fig)
 
 
+_COST_COLUMNS = (
+    ("policy", "policy", ""),
+    ("cost $", "costUsd", ",.2f"),
+    ("vs bound", "vsBound", ""),
+    ("GPU-h bought", "gpuHoursBought", ",.1f"),
+    ("GPU-h asked", "gpuHoursRequested", ",.1f"),
+    ("nodes", "nodesLaunched", "d"),
+)
+_WAIT_COLUMNS = (
+    ("policy", "policy", ""),
+    ("p50 wait s", "pendingP50s", ".0f"),
+    ("p95 wait s", "pendingP95s", ".0f"),
+    ("p99 wait s", "pendingP99s", ".0f"),
+    ("dup", "duplicateLaunches", "d"),
+    ("failed", "failedLaunches", "d"),
+    ("disruptions", "disruptions", "d"),
+)
+
+
+def _cells(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str, str]]) -> list[list[str]]:
+    bound = next((r["costUsd"] for r in rows if r["policy"] == "lower-bound"), None)
+    out = []
+    for r in rows:
+        cells = []
+        for _, key, fmt in columns:
+            if key == "vsBound":
+                cost = r["costUsd"]
+                cells.append(f"{(cost / bound - 1) * 100:+.1f}%" if bound and r["policy"] != "lower-bound" else "")
+            elif key not in r:
+                cells.append("")
+            elif key == "policy":
+                cells.append("lower bound" if r[key] == "lower-bound" else str(r[key]))
+            else:
+                cells.append(format(r[key], fmt))
+        out.append(cells)
+    return out
+
+
+def _aligned(headers: Sequence[str], cells: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(c) for c in col) for col in zip(headers, *cells, strict=True)]
+    lines = []
+    for row in (list(headers), *cells):
+        parts = [f"{c:<{w}}" if i == 0 else f"{c:>{w}}" for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  ".join(parts).rstrip())
+    return lines
+
+
+def format_compare(rows: Sequence[Mapping[str, Any]], title: str, width: int = 80) -> str:
+    """The ``compare`` report as plain text no wider than ``width``: two tables (cost, then waiting and events),
+    or, when even those do not fit, one block per policy. Numbers are never cut."""
+    text = [f"{title}: policies on the same workload (cost in USD, waits in seconds)", ""]
+    policies = [r for r in rows if r["policy"] != "lower-bound"]
+    tables = []
+    for columns, subset in ((_COST_COLUMNS, rows), (_WAIT_COLUMNS, policies)):
+        tables.append(_aligned([h for h, _, _ in columns], _cells(subset, columns)))
+    if max(len(line) for table in tables for line in table) <= width:
+        return "\n".join(text + tables[0] + [""] + tables[1])
+    labels = [(h, k, f) for h, k, f in (*_COST_COLUMNS[1:], *_WAIT_COLUMNS[1:])]
+    pad = max(len(h) for h, _, _ in labels)
+    for cells in _cells(rows, (("policy", "policy", ""), *labels)):
+        text.append(cells[0])
+        text.extend(f"  {h:<{pad}}  {c}" for (h, _, _), c in zip(labels, cells[1:], strict=True) if c)
+    return "\n".join(text)
+
+
+def compare_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    """``compare --csv``: the ``--json`` keys as a header, one row per policy and the lower bound (plain numbers)."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COMPARE_KEYS, restval="", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
 @click.command("compare")
 @click.argument("scenario", type=click.Path(dir_okay=False))
 @click.option("--policies", default=",".join(POLICIES), show_default=True, help="Comma-separated policies to compare.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per policy and the lower bound.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print CSV: a header, one row per policy and the lower bound.")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Write compare.json and compare.png here.")
 @_seed_opt
-def compare_command(scenario: str, policies: str, as_json: bool, out: str | None, seed: int | None) -> None:
+def compare_command(
+    scenario: str, policies: str, as_json: bool, as_csv: bool, out: str | None, seed: int | None
+) -> None:
     """Run SCENARIO under gpuscale and baseline policies on the same workload; one table, one plot."""
     names = [p.strip() for p in policies.split(",") if p.strip()]
-    try:
-        unknown = [p for p in names if p not in POLICIES]
-        if unknown:
-            raise InputError(f"unknown policy {unknown[0]!r}", where="--policies", fix=f"use {', '.join(POLICIES)}")
-        scen = load_scenario(scenario)
-        if seed is not None:
-            scen = dataclasses.replace(scen, seed=seed)
-    except InputError as exc:
-        _fail(exc)
-        return
-    rows, _ = compare_rows(scen, names, show_progress=not as_json and sys.stderr.isatty())
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown or not names:
+        value = unknown[0][:60] if unknown else policies[:60]
+        raise InputError("unknown policy", where="--policies", value=value, fix=f"use {', '.join(POLICIES)}")
+    if as_json and as_csv:
+        raise InputError("--json and --csv both given", where="compare", fix="choose one output format")
+    scen = load_scenario(scenario)
+    if seed is not None:
+        scen = dataclasses.replace(scen, seed=seed)
+    quiet = as_json or as_csv
+    rows, _ = compare_rows(scen, names, show_progress=not quiet and sys.stderr.isatty())
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "compare.json").write_text(json.dumps(rows, indent=2))
@@ -192,38 +263,9 @@ def compare_command(scenario: str, policies: str, as_json: bool, out: str | None
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    table = Table(title=f"{scen.name}: policies on the same workload", title_justify="left")
-    for col in (
-        "policy",
-        "cost $",
-        "GPU-h bought",
-        "GPU-h requested",
-        "p50 s",
-        "p95 s",
-        "p99 s",
-        "nodes",
-        "dup",
-        "failed",
-        "disruptions",
-    ):
-        table.add_column(col, justify="left" if col == "policy" else "right")
-    for r in rows:
-        if r["policy"] == "lower-bound":
-            table.add_row("offline lower bound", f"{r['costUsd']:,.2f}", *[""] * 9)
-            continue
-        table.add_row(
-            r["policy"],
-            f"{r['costUsd']:,.2f}",
-            f"{r['gpuHoursBought']:,.1f}",
-            f"{r['gpuHoursRequested']:,.1f}",
-            f"{r['pendingP50s']:.0f}",
-            f"{r['pendingP95s']:.0f}",
-            f"{r['pendingP99s']:.0f}",
-            str(r["nodesLaunched"]),
-            str(r["duplicateLaunches"]),
-            str(r["failedLaunches"]),
-            str(r["disruptions"]),
-        )
-    Console().print(table)
+    if as_csv:
+        click.echo(compare_csv(rows), nl=False)
+        return
+    click.echo(format_compare(rows, scen.name, shutil.get_terminal_size().columns))
     if out:
         click.echo(f"wrote {Path(out) / 'compare.json'}, {Path(out) / 'compare.png'}")

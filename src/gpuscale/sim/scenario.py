@@ -56,10 +56,18 @@ from gpuscale.controller.loop import ControllerConfig
 from gpuscale.core.model import CapacityType, Catalog, NodePool, Toleration
 from gpuscale.core.scoring import SCORERS
 from gpuscale.errors import InputError
+from gpuscale.inputs import load_yaml_text, read_text
 from gpuscale.manifests.fields import toleration
 from gpuscale.manifests.pools import read_pool
 from gpuscale.manifests.problems import Doc, ManifestError, did_you_mean
-from gpuscale.manifests.quantity import DURATION_HELP, QUANTITY_HELP, cpu_milli, memory_mib, parse_duration
+from gpuscale.manifests.quantity import (
+    DURATION_HELP,
+    MAX_DURATION_S,
+    QUANTITY_HELP,
+    cpu_milli,
+    memory_mib,
+    parse_duration,
+)
 from gpuscale.sim.cloud import CapacityRule, CloudBehaviour, Faults, TypeLatencies
 from gpuscale.sim.cluster import ClusterBehaviour
 from gpuscale.sim.engine import Dist
@@ -132,7 +140,14 @@ SOURCE_FIELDS: dict[str, tuple[str, ...]] = {
     "gangs": ("ratePerHour", "duration", "start", "sizes", "runtime", "shape", "prefix", "namespace"),
 }  # fmt: skip
 
-_DAYS = re.compile(r"^(\d+(?:\.\d*)?)d(.*)$")
+_DAYS = re.compile(r"^([0-9]{1,6}(?:\.[0-9]{0,9})?)d(.*)$")
+MAX_COUNT = 1_000_000
+"""Default upper bound of integer fields (counts, nodes, sizes, limits)."""
+MAX_NUMBER = 1e9
+"""Default upper bound of number fields (rates, weights, sigmas, scales)."""
+MAX_ARRIVALS = 1_000_000
+"""Most pods (or GPRs) a workload source may be expected to generate (rate x duration)."""
+MAX_PATH_CHARS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,47 +199,24 @@ class Scenario:
 
 
 # ------------------------------------------------------------------------------------------------ YAML + lines
-class _Loader(yaml.SafeLoader):
-    """Rejects duplicate keys."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[object] = set()
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode):
-                if key_node.value in seen:
-                    raise yaml.constructor.ConstructorError(
-                        "while constructing a mapping", node.start_mark, f"found duplicate key {key_node.value!r}",
-                        key_node.start_mark,
-                    )  # fmt: skip
-                seen.add(key_node.value)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _line_map(node: yaml.Node | None, path: str, out: dict[str, int]) -> None:
-    if node is None:
-        return
-    out[path] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        for k, v in node.value:
-            if isinstance(k, yaml.ScalarNode):
-                _line_map(v, f"{path}.{k.value}" if path else str(k.value), out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, v in enumerate(node.value):
-            _line_map(v, f"{path}[{i}]", out)
+def _line_map(root: yaml.Node | None, out: dict[str, int]) -> None:
+    todo: list[tuple[yaml.Node, str]] = [(root, "")] if root is not None else []
+    while todo:  # iterative: a deep document must not hit Python's recursion limit
+        node, path = todo.pop()
+        out.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            todo.extend((v, f"{path}.{k.value}" if path else str(k.value)) for k, v in node.value
+                        if isinstance(k, yaml.ScalarNode))  # fmt: skip
+        elif isinstance(node, yaml.SequenceNode):
+            todo.extend((v, f"{path}[{i}]") for i, v in enumerate(node.value))
 
 
 def load_yaml_lines(text: str, source: str) -> tuple[Any, dict[str, int]]:
-    """YAML ``text`` (duplicate keys rejected) and the line of every field path (``a.b[0].c``); a syntax error is an
-    :class:`InputError` naming ``source`` and the line."""
-    try:
-        node = yaml.compose(text, Loader=_Loader)
-        data = yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        raise InputError(f"not valid YAML: {getattr(exc, 'problem', exc)}", where=where) from exc
+    """YAML ``text`` read by :mod:`gpuscale.inputs` (size, depth and alias limits, duplicate keys rejected) and the
+    line of every field path (``a.b[0].c``); every problem is an :class:`InputError` naming ``source`` and the line."""
+    data, node = load_yaml_text(text, source=source)
     lines: dict[str, int] = {}
-    _line_map(node, "", lines)
+    _line_map(node, lines)
     return data, lines
 
 
@@ -264,25 +256,29 @@ class _V:
             raise self.fail(path, f"must be a list, not {type(value).__name__}", value, "write it as a YAML list")
         return value
 
-    def string(self, value: object, path: str, *, required: bool = False) -> str:
+    def string(self, value: object, path: str, *, required: bool = False, max_len: int = 253) -> str:
         if value is None and not required:
             return ""
         if not isinstance(value, str) or (required and not value):
-            raise self.fail(path, "must be a non-empty string", value)
+            raise self.fail(path, f"must be a non-empty string, not {_type(value)}", value)
+        if len(value) > max_len:
+            raise self.fail(path, f"must be at most {max_len} characters", value)
         return value
 
-    def integer(self, value: object, path: str, *, minimum: int = 0) -> int:
+    def integer(self, value: object, path: str, *, minimum: int = 0, maximum: int = MAX_COUNT) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(path, "must be an integer", value)
+            raise self.fail(path, f"must be an integer, not {_type(value)}", value)
         if value < minimum:
             raise self.fail(path, f"must be >= {minimum}", value)
+        if value > maximum:
+            raise self.fail(path, f"must be <= {maximum:,}", value)
         return value
 
-    def number(self, value: object, path: str, *, minimum: float = 0.0, maximum: float = math.inf) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise self.fail(path, "must be a number", value)
-        if not minimum <= value <= maximum:
-            raise self.fail(path, f"must be between {minimum} and {maximum}", value)
+    def number(self, value: object, path: str, *, minimum: float = 0.0, maximum: float = MAX_NUMBER) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(path, f"must be a number, not {_type(value)}", value)
+        if not math.isfinite(value) or not minimum <= value <= maximum:
+            raise self.fail(path, f"must be between {minimum:g} and {maximum:g}", value)
         return float(value)
 
     def probability(self, value: object, path: str) -> float:
@@ -297,15 +293,16 @@ class _V:
         if isinstance(value, bool):
             raise self.fail(path, "must be a duration", value, DURATION_HELP)
         if isinstance(value, int | float):
-            if not math.isfinite(value) or value < 0:
-                raise self.fail(path, "must be a non-negative number of seconds", value)
+            if not math.isfinite(value) or not 0 <= value <= MAX_DURATION_S:
+                raise self.fail(path, "must be a number of seconds from 0 to 10 years", value)
             return float(value)
         if isinstance(value, str):
             try:
                 m = _DAYS.match(value.strip())
-                if m:
-                    return float(m[1]) * 86400 + (parse_duration(m[2]) if m[2] else 0.0)
-                return parse_duration(value)
+                seconds = (float(m[1]) * 86400 + (parse_duration(m[2]) if m[2] else 0.0)) if m else None
+                if seconds is not None and seconds > MAX_DURATION_S:
+                    raise ValueError("longer than 10 years")
+                return parse_duration(value) if seconds is None else seconds
             except ValueError as exc:
                 raise self.fail(path, str(exc), value, 'days are allowed too, e.g. "2d" or "1d12h"') from None
         raise self.fail(path, "must be a duration", value, DURATION_HELP)
@@ -314,7 +311,7 @@ class _V:
         if not isinstance(value, dict):
             return Dist.const(self.duration(value, path))
         kind = value.get("distribution")
-        if kind not in DIST_KINDS:
+        if not isinstance(kind, str) or kind not in DIST_KINDS:
             raise self.fail(
                 f"{path}.distribution", "unknown or missing distribution", kind, did_you_mean(str(kind), DIST_KINDS)
             )
@@ -344,10 +341,7 @@ class _V:
 def load_scenario(path: str | Path, *, catalog: Catalog | None = None) -> Scenario:
     """Read and validate a scenario file. ``catalog`` overrides the file's ``catalog`` (tests, CLI flags)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read scenario file: {exc}", where=str(p), fix="give a UTF-8 YAML file") from exc
+    text = read_text(p, what="scenario file")
     return parse_scenario(text, source=str(p), base_dir=p.parent, catalog=catalog)
 
 
@@ -361,7 +355,7 @@ def parse_scenario(
     top = v.mapping(data, "", TOP_FIELDS)
     if data is None:
         raise v.fail("", "the scenario is empty", fix="see `gpuscale simulate --help` for the format")
-    seed = v.integer(top.get("seed", 0), "seed")
+    seed = v.integer(top.get("seed", 0), "seed", maximum=2**63 - 1)
     duration = v.duration(top["duration"], "duration") if top.get("duration") is not None else None
     if catalog is None:
         catalog = _catalog(v, top.get("catalog"), base)
@@ -396,6 +390,30 @@ def parse_scenario(
     )
 
 
+_TYPE_NAMES = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}
+
+
+def _type(value: object) -> str:
+    return "null" if value is None else _TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def _is_file(p: Path) -> bool:
+    try:
+        return p.is_file()
+    except (OSError, ValueError):  # a name too long for the file system, or a NUL
+        return False
+
+
+def _expected(v: _V, path: str, rate_per_hour: float, duration_s: float, per_arrival: int = 1) -> None:
+    """Refuse a source expected to generate more than :data:`MAX_ARRIVALS` pods."""
+    expected = rate_per_hour * duration_s / 3600 * per_arrival
+    if expected > MAX_ARRIVALS:
+        raise v.fail(
+            path, f"would generate about {expected:,.0f} pods (at most {MAX_ARRIVALS:,})",
+            fix="lower the rate or the duration",
+        )  # fmt: skip
+
+
 class _AnyKeys(tuple[str, ...]):
     """Accepts every key (policy settings are validated by the controller)."""
 
@@ -404,9 +422,9 @@ class _AnyKeys(tuple[str, ...]):
 
 
 def _catalog(v: _V, raw: object, base: Path) -> Catalog:
-    name = v.string(raw, "catalog", required=True)
+    name = v.string(raw, "catalog", required=True, max_len=MAX_PATH_CHARS)
     candidate = base / name
-    target = str(candidate) if (name.endswith((".yaml", ".yml")) and candidate.is_file()) else name
+    target = str(candidate) if (name.endswith((".yaml", ".yml")) and _is_file(candidate)) else name
     try:
         return load_catalog(target)
     except InputError as exc:
@@ -517,7 +535,7 @@ def _cloud(v: _V, raw: object, catalog: Catalog) -> CloudBehaviour:
 def _cluster(v: _V, raw: object) -> tuple[ClusterBehaviour, tuple[PodDisruptionBudget, ...]]:
     m = v.mapping(raw, "cluster", CLUSTER_FIELDS)
     scorer = m.get("scorer", "best-fit")
-    if scorer not in SCORERS:
+    if not isinstance(scorer, str) or scorer not in SCORERS:
         raise v.fail("cluster.scorer", "unknown scorer", scorer, did_you_mean(str(scorer), SCORERS))
     u = v.mapping(m.get("gpuUtilization"), "cluster.gpuUtilization", UTIL_FIELDS)
     pdbs: list[PodDisruptionBudget] = []
@@ -579,7 +597,7 @@ def _shape(v: _V, raw: object, path: str) -> PodShape:
         gpu_models=frozenset(models) if models else None,
         node_selector=_str_map(v, m.get("nodeSelector"), f"{path}.nodeSelector"),
         tolerations=tuple(tols),
-        priority=v.integer(m.get("priority", 0), f"{path}.priority", minimum=-(2**31)),
+        priority=v.integer(m.get("priority", 0), f"{path}.priority", minimum=-(2**31), maximum=2**31 - 1),
         labels=_str_map(v, m.get("labels"), f"{path}.labels"),
         annotations=_str_map(v, m.get("annotations"), f"{path}.annotations"),
         gpu_util=v.probability(util, f"{path}.gpuUtilization") if util is not None else None,
@@ -589,12 +607,12 @@ def _shape(v: _V, raw: object, path: str) -> PodShape:
 def _file(v: _V, raw: object, path: str, base: Path, default: Path, kind: str) -> Path:
     if raw is None:
         return default
-    text = v.string(raw, path, required=True)
+    text = v.string(raw, path, required=True, max_len=MAX_PATH_CHARS)
     if kind == "openb" and text.startswith("openb:"):
         return openb_file(text.partition(":")[2])
     p = Path(text)
     p = p if p.is_absolute() else base / p
-    if not p.is_file():
+    if not _is_file(p):
         raise v.fail(path, "file not found", str(p), "give a path relative to the scenario file")
     return p
 
@@ -610,7 +628,7 @@ def _workloads(v: _V, raw: object, base: Path) -> tuple[WorkloadSpec, ...]:
         if not isinstance(item, dict):
             raise v.fail(path, "must be a mapping", item)
         kind = item.get("source")
-        if kind not in SOURCE_FIELDS:
+        if not isinstance(kind, str) or kind not in SOURCE_FIELDS:
             raise v.fail(
                 f"{path}.source", "unknown or missing workload source", kind, did_you_mean(str(kind), SOURCE_FIELDS)
             )
@@ -666,12 +684,14 @@ def _workload(v: _V, kind: str, m: dict[str, Any], path: str, base: Path, prefix
         duration, start = dur("duration"), dur("start", 0.0)
         if kind == "steady":
             rate = v.number(m.get("ratePerHour"), f"{path}.ratePerHour")
+            _expected(v, f"{path}.ratePerHour", rate, duration)
             return WorkloadSpec(
                 kind,
                 lambda seed: steady(rate, duration, shapes, run, seed=seed, start=start, prefix=prefix, namespace=ns),
             )
         peak = v.number(m.get("peakPerHour"), f"{path}.peakPerHour")
         trough = v.number(m.get("troughPerHour", 0.0), f"{path}.troughPerHour")
+        _expected(v, f"{path}.peakPerHour", max(peak, trough), duration)
         period, peak_at = dur("period", 86400.0), dur("peakAt", 14 * 3600.0)
         return WorkloadSpec(
             kind,
@@ -694,6 +714,7 @@ def _workload(v: _V, kind: str, m: dict[str, Any], path: str, base: Path, prefix
         v.integer(s, f"{path}.sizes[{j}]", minimum=1) for j, s in enumerate(v.listing(m.get("sizes"), f"{path}.sizes"))
     ) or (2, 4, 8)
     duration, start = dur("duration"), dur("start", 0.0)
+    _expected(v, f"{path}.ratePerHour", rate, duration, max(sizes))
     run = runtime(Dist("exponential", 7200.0))
     return WorkloadSpec(
         kind,

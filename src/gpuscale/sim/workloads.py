@@ -20,7 +20,7 @@ import csv
 import gzip
 import io
 import math
-import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,16 +28,9 @@ from pathlib import Path
 from gpuscale.core.model import Pod, Toleration
 from gpuscale.core.resources import MILLI_PER_GPU, Request
 from gpuscale.errors import InputError
+from gpuscale.resources import data_dir
 from gpuscale.sim.engine import Dist, stream
 from gpuscale.traces.openb import load_pods
-
-DATA_DIR_ENV = "GPUSCALE_DATA_DIR"
-
-
-def data_dir() -> Path:
-    """The shared data directory: ``$GPUSCALE_DATA_DIR``, else ``../shared/data`` next to the repository."""
-    env = os.environ.get(DATA_DIR_ENV)
-    return Path(env) if env else Path(__file__).resolve().parents[3].parent / "shared" / "data"
 
 
 def openb_file(variant: str = "default") -> Path:
@@ -133,16 +126,19 @@ def start_rel(t: float, start: float, scale: float) -> float:
 _ALI_COLUMNS = ("instance_sn", "role", "app_name", "cpu_request", "gpu_request", "memory_request", "creation_time")
 
 
+_ASCII_NUMBER = re.compile(r"^[+-]?(?:[0-9]{1,20}(?:\.[0-9]{0,20})?|\.[0-9]{1,20})(?:[eE][+-]?[0-9]{1,3})?$")
+_MAX_TRACE_VALUE = 1e15
+
+
 def _ali_float(row: dict[str, str], col: str, where: str) -> float | None:
     text = (row.get(col) or "").strip()
     if not text:
         return None
-    try:
-        v = float(text)
-    except ValueError:
-        raise InputError(f"column {col!r} is not a number", where=where, value=text) from None
-    if not math.isfinite(v) or v < 0:
-        raise InputError(f"column {col!r} must be a non-negative number", where=where, value=text)
+    if not _ASCII_NUMBER.match(text):  # float() would take "٣", "1_0", "inf" and 6,000-digit strings
+        raise InputError(f"column {col!r} is not a number", where=where, value=text)
+    v = float(text)
+    if not math.isfinite(v) or v < 0 or v > _MAX_TRACE_VALUE:
+        raise InputError(f"column {col!r} must be a number from 0 to 1e15", where=where, value=text)
     return v
 
 

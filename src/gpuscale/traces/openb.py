@@ -8,7 +8,8 @@ timestamps, so that a simulator can replay arrivals and departures later.
 GPU mapping: ``num_gpu`` = 1 with ``gpu_milli`` < 1000 is a fraction of one GPU (``Request.gpu_milli``);
 ``num_gpu`` >= 1 with ``gpu_milli`` = 1000 is whole GPUs; ``num_gpu`` = 0 is a CPU-only pod. ``gpu_spec`` ``A|B``
 is the set of allowed GPU models. Files may be plain or gzip-compressed (by content, not by name). Every bad row
-raises :class:`~gpuscale.errors.InputError` naming the file, the line and the column.
+raises :class:`~gpuscale.errors.InputError` naming the file, the line and the column. The trace is not shipped with
+gpuscale: a missing ``openb_*`` file is one line saying where to get it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from gpuscale.core.resources import MILLI_PER_GPU, Request, Resources
 from gpuscale.core.state import NodeShape
 from gpuscale.errors import InputError
+from gpuscale.resources import missing_trace
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 """Columns of an openb node list."""
@@ -52,6 +54,8 @@ def _open_text(path: Path) -> io.TextIOBase:
         with path.open("rb") as fh:
             magic = fh.read(2)
     except OSError as exc:
+        if isinstance(exc, FileNotFoundError) and path.name.startswith("openb_"):
+            raise missing_trace(path) from exc
         raise InputError(f"cannot read file: {exc.strerror}", where=str(path), fix="check the path") from exc
     if magic == b"\x1f\x8b":
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
