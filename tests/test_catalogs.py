@@ -286,9 +286,9 @@ def test_missing_column_is_input_error(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_unknown_catalog_name() -> None:
-    assert set(KNOWN_CATALOGS) == {"alibaba", "aws", "linode"}
+    assert set(KNOWN_CATALOGS) == {"alibaba", "aws", "gcp", "linode"}
     with pytest.raises(InputError, match="unknown catalog") as exc:
-        load_catalog("gcp")
+        load_catalog("azure")
     assert "linode" in str(exc.value)
 
 

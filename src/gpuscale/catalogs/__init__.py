@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from gpuscale.catalogs import alibaba, aws, custom, linode
+from gpuscale.catalogs import alibaba, aws, custom, gcp, linode
 from gpuscale.catalogs._util import DATA_DIR_ENV
 from gpuscale.core.gpus import KNOWN_GPU_MODELS, gpu_model_variants, normalize_gpu_model
 from gpuscale.core.model import Catalog
@@ -32,6 +32,7 @@ __all__ = [
 _LOADERS: dict[str, Callable[[str | None], Catalog]] = {
     "alibaba": lambda region: alibaba.load(region),
     "aws": lambda region: aws.load(region),
+    "gcp": lambda region: gcp.load(region),
     "linode": lambda region: linode.load(region),
 }
 
@@ -39,16 +40,23 @@ KNOWN_CATALOGS: Mapping[str, str] = MappingProxyType(
     {
         "alibaba": f"Alibaba ECS GPU types, on-demand and spot per zone (default region {alibaba.DEFAULT_REGION})",
         "aws": f"AWS EC2 GPU types, on-demand, zone = region (default region {aws.DEFAULT_REGION})",
+        "gcp": f"Google Cloud GPU machine types, on-demand and spot per zone (default region {gcp.DEFAULT_REGION})",
         "linode": f"Linode GPU plans, on-demand, zone = region (default region {linode.DEFAULT_REGION})",
     }
 )
 """Shipped catalog names and a one-line description of each. Append ``:REGION`` to pick a region."""
 
 
-_DEFAULT_REGIONS = {"alibaba": alibaba.DEFAULT_REGION, "aws": aws.DEFAULT_REGION, "linode": linode.DEFAULT_REGION}
+_DEFAULT_REGIONS = {
+    "alibaba": alibaba.DEFAULT_REGION,
+    "aws": aws.DEFAULT_REGION,
+    "gcp": gcp.DEFAULT_REGION,
+    "linode": linode.DEFAULT_REGION,
+}
 _REGIONS: dict[str, Callable[[], list[str] | None]] = {
     "alibaba": alibaba.regions,
     "aws": aws.regions,
+    "gcp": gcp.regions,
     "linode": linode.regions,
 }
 
