@@ -40,6 +40,8 @@ EXTRAS: dict[str, str] = {
     "scipy": "solver",
     "linode_api4": "linode",
     "requests": "linode",
+    "pynvml": "agent",
+    "prometheus_client": "agent",
 }
 """Third-party modules of the optional extras and the extra that installs each."""
 _SECRET_ENVS = ("LINODE_TOKEN", "GPUSCALE_API_TOKEN")
@@ -201,7 +203,13 @@ class RootGroup(LazyGroup):
 
 
 _ROOT_LAZY = {
+    "agent": Lazy(
+        "gpuscale.metrics.agent:agent_command",
+        "Export GPU metrics in the DCGM exporter's format (NVML or --simulate).",
+        ("prometheus_client",),
+    ),
     "compare": Lazy("gpuscale.sim.commands:compare_command", "Run a scenario under gpuscale and baseline policies."),
+    "crds": Lazy("gpuscale.manifests.crds:crds_command", "Print, write or check gpuscale's CRDs."),
     "demo": Lazy("gpuscale.sim.commands:demo_command", "A simulated day of bursty GPU work autoscaled by gpuscale."),
     "examples": Lazy("gpuscale.examples_cmd:examples_group", "The example files shipped with gpuscale."),
     "gpr": Lazy("gpuscale.gpr.cli:gpr_group", "GPU Provisioning Requests through the REST API.", ("httpx",)),

@@ -35,6 +35,7 @@ EXAMPLES: dict[str, str] = {
     "gpr-scenario.yaml": "a week of GPU Provisioning Requests: gpuscale simulate-gpr gpr-scenario.yaml",
     "gpr.yaml": "one GPUProvisioningRequest: gpuscale gpr create -f gpr.yaml",
     "catalog-custom.yaml": "a custom on-premises catalog (docs/catalogs.md): gpuscale plan SNAPSHOT --catalog FILE",
+    "crs.yaml": "gpuscale's own objects (GPUNodePool, OfferingAvailability, GPUNodeClaim): kubectl apply -f crs.yaml",
 }
 """The shipped example files, each with a one-line description."""
 

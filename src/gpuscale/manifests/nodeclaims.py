@@ -1,0 +1,168 @@
+"""``gpuscale.io/v1alpha1`` ``GPUNodeClaim``: the cluster's record of one node gpuscale launched.
+
+A restarted controller reads these objects back (with the provider's node list) to rebuild its claim table, so no
+node is leaked or launched twice. The object is cluster-scoped and named after the claim's launch request id:
+
+* ``spec`` (set once): ``requestId``, ``pool``, ``instanceType``, ``zone``, ``capacityType``, ``hourlyPrice``,
+  ``replaces``, ``requestedAt``;
+* ``status`` (the status subresource): ``phase``, ``providerID``, ``nodeName``, ``reason``, ``phaseSince``.
+
+Times are RFC 3339 strings in UTC. :func:`claim_object` writes a claim; :func:`read_nodeclaim` reads one back
+(strict: unknown fields are errors). The field tables below are also what ``deploy/crds/gpunodeclaim.yaml`` is
+generated from (:mod:`gpuscale.manifests.crds`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Any
+
+from gpuscale.core.model import CapacityType
+from gpuscale.core.nodeclaim import ClaimPhase, NodeClaim
+from gpuscale.manifests.fields import as_float, as_mapping, as_str, check_fields, choice
+from gpuscale.manifests.pools import TOP_FIELDS
+from gpuscale.manifests.problems import Doc, FieldError
+
+KIND = "GPUNodeClaim"
+API_VERSION = "gpuscale.io/v1alpha1"
+SPEC_FIELDS = ("requestId", "pool", "instanceType", "zone", "capacityType", "hourlyPrice", "replaces", "requestedAt")
+STATUS_FIELDS = ("phase", "providerID", "nodeName", "reason", "phaseSince")
+PHASES = tuple(str(p) for p in ClaimPhase)
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+"""A request id is the object's name: a DNS label (at most 63 characters)."""
+MAX_NAME = 63
+MAX_PRICE = 1_000_000.0
+"""Largest hourly price accepted (far beyond any real instance)."""
+_NAME = re.compile(NAME_PATTERN)
+
+
+def rfc3339(t: float) -> str:
+    """Epoch seconds as an RFC 3339 UTC time (``2026-01-02T03:04:05Z``, microseconds only when present)."""
+    stamp = dt.datetime.fromtimestamp(t, tz=dt.UTC)
+    text = stamp.isoformat(timespec="microseconds" if stamp.microsecond else "seconds")
+    return text.replace("+00:00", "Z")
+
+
+def parse_time(value: object, path: str) -> float:
+    """An RFC 3339 time with a zone -> epoch seconds."""
+    text = as_str(value, path, required=True)
+    try:
+        stamp = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise FieldError(path, "is not an RFC 3339 time", text, fix='e.g. "2026-01-02T03:04:05Z"') from None
+    if stamp.tzinfo is None:
+        raise FieldError(path, "has no time zone", text, fix='append "Z" for UTC')
+    return stamp.timestamp()
+
+
+def claim_object(claim: NodeClaim) -> dict[str, Any]:
+    """The GPUNodeClaim object recording ``claim`` (spec and status)."""
+    spec: dict[str, Any] = {
+        "requestId": claim.request_id,
+        "pool": claim.pool,
+        "instanceType": claim.instance_type,
+        "zone": claim.zone,
+        "capacityType": str(claim.capacity_type),
+        "hourlyPrice": claim.hourly_price,
+        "requestedAt": rfc3339(claim.created_at),
+    }
+    if claim.replaces:
+        spec["replaces"] = claim.replaces
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": claim.request_id, "labels": {"gpuscale.io/pool": claim.pool}},
+        "spec": spec,
+        "status": claim_status(claim),
+    }
+
+
+def claim_status(claim: NodeClaim) -> dict[str, Any]:
+    """The ``status`` of the claim's object (what a status-subresource patch sends)."""
+    status: dict[str, Any] = {"phase": str(claim.phase), "phaseSince": rfc3339(claim.since)}
+    for key, value in (("providerID", claim.node_id), ("nodeName", claim.node_name), ("reason", claim.reason)):
+        if value:
+            status[key] = value
+    return status
+
+
+def read_nodeclaim(doc: Doc, obj: dict[str, Any]) -> NodeClaim | None:
+    """The :class:`NodeClaim` a GPUNodeClaim object records; None if it has problems (reported to ``doc``).
+
+    An object without a status (created, never updated) is in phase Requested since its ``requestedAt``.
+    """
+    check_fields(doc, obj, "", TOP_FIELDS)
+    meta: dict[str, Any] = {}
+    spec: dict[str, Any] = {}
+    status: dict[str, Any] = {}
+    with doc.field():
+        meta = as_mapping(obj.get("metadata"), "metadata")
+    with doc.field():
+        spec = as_mapping(obj.get("spec"), "spec")
+    with doc.field():
+        status = as_mapping(obj.get("status"), "status")
+    check_fields(doc, spec, "spec", SPEC_FIELDS)
+    check_fields(doc, status, "status", STATUS_FIELDS)
+    name = rid = pool = itype = zone = ""
+    cap = CapacityType.ON_DEMAND
+    price, requested = 0.0, 0.0
+    with doc.field():
+        name = as_str(meta.get("name"), "metadata.name", required=True)
+        doc.name = name
+    with doc.field():
+        rid = as_str(spec.get("requestId"), "spec.requestId", required=True)
+        if len(rid) > MAX_NAME or not _NAME.match(rid):
+            raise FieldError(
+                "spec.requestId", "must be a DNS label (it names the object)", rid, fix="use gpuscale's request id"
+            )
+        if name and rid != name:
+            raise FieldError("spec.requestId", f"differs from metadata.name {name!r}", rid, fix="use the same id")
+    with doc.field():
+        pool = as_str(spec.get("pool"), "spec.pool", required=True)
+    with doc.field():
+        itype = as_str(spec.get("instanceType"), "spec.instanceType", required=True)
+    with doc.field():
+        zone = as_str(spec.get("zone"), "spec.zone", required=True)
+    with doc.field():
+        cap = CapacityType(choice(spec.get("capacityType"), "spec.capacityType", [str(c) for c in CapacityType]))
+    with doc.field():
+        if spec.get("hourlyPrice") is not None:
+            price = as_float(spec["hourlyPrice"], "spec.hourlyPrice", minimum=0.0, maximum=MAX_PRICE)
+    replaces = ""
+    with doc.field():
+        replaces = as_str(spec.get("replaces"), "spec.replaces")
+    with doc.field():
+        requested = parse_time(spec.get("requestedAt"), "spec.requestedAt")
+    phase = ClaimPhase.REQUESTED
+    since = requested
+    node_id = node_name = reason = ""
+    with doc.field():
+        if status.get("phase") is not None:
+            phase = ClaimPhase(choice(status["phase"], "status.phase", PHASES))
+    with doc.field():
+        if status.get("phaseSince") is not None:
+            since = parse_time(status["phaseSince"], "status.phaseSince")
+    with doc.field():
+        node_id = as_str(status.get("providerID"), "status.providerID")
+    with doc.field():
+        node_name = as_str(status.get("nodeName"), "status.nodeName")
+    with doc.field():
+        reason = as_str(status.get("reason"), "status.reason")
+    if doc.failed:
+        return None
+    return NodeClaim(
+        request_id=rid,
+        pool=pool,
+        instance_type=itype,
+        zone=zone,
+        capacity_type=cap,
+        phase=phase,
+        created_at=requested,
+        since=since,
+        hourly_price=price,
+        node_id=node_id,
+        node_name=node_name,
+        replaces=replaces,
+        reason=reason,
+    )
