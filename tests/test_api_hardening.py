@@ -365,7 +365,7 @@ def test_linode_token_is_scrubbed_from_chained_exceptions(caplog: pytest.LogCapt
         clock = ManualClock(0.0)
         fake.clock = clock
         cluster = fake.create_cluster(region="us-ord")
-        config = LinodeConfig(cluster_id=cluster, region="us-ord", base_url=fake.base_url, max_attempts=2)
+        config = LinodeConfig(cluster_id=cluster, region="us-ord", base_url=fake.base_url)
         provider = LinodeProvider(config, env={"LINODE_TOKEN": SECRET}, clock=clock)
         failures = [
             requests.exceptions.ConnectionError(f"proxy refused Authorization: Bearer {SECRET}"),

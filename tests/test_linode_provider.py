@@ -99,12 +99,14 @@ def test_missing_token_fails_with_the_exact_message_and_makes_no_call(env: Env) 
 
 def test_token_never_appears_in_logs_errors_or_reprs(env: Env, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
-    provider = env.provider(max_attempts=3, backoff_base_s=0.5)
+    provider = env.provider()
     errors: list[BaseException] = []
     env.fake.fail_next(429, retry_after=1)
-    env.fake.fail_next(500, times=1)
-    nodes = provider.launch(req("r1", count=2))
-    env.fake.fail_next(503, times=5)
+    with pytest.raises(RateLimited) as limited:
+        provider.launch(req("r1", count=2))
+    errors.append(limited.value)
+    nodes = provider.launch(req("r1", count=2))  # the caller's retry, same request id
+    env.fake.fail_next(503, times=1)
     with pytest.raises(TransientProviderError) as transient:
         provider.list_nodes()
     errors.append(transient.value)
@@ -121,7 +123,7 @@ def test_token_never_appears_in_logs_errors_or_reprs(env: Env, caplog: pytest.Lo
     errors.append(denied.value)
 
     assert SECRET not in caplog.text
-    assert "retry" in caplog.text  # the retries were logged, without the token
+    assert "retry policy" in caplog.text  # the failures were logged, without the token
     assert SECRET not in repr(provider) and SECRET not in str(provider)
     for err in errors:
         chain: BaseException | None = err
@@ -133,55 +135,64 @@ def test_token_never_appears_in_logs_errors_or_reprs(env: Env, caplog: pytest.Lo
 # --- retries and error mapping ------------------------------------------------------------------------------------
 
 
-def test_429_honours_retry_after(env: Env) -> None:
+def test_429_is_raised_at_once_with_retry_after_and_the_callers_retry_creates_one_pool(env: Env) -> None:
     provider = env.provider()
-    env.fake.fail_next(429, times=2, retry_after=7, method="POST")
-    nodes = provider.launch(req("r1", count=2))
-    assert len(nodes) == 2
-    assert env.clock.now() == 14.0  # slept exactly Retry-After, twice
-    assert len(env.fake.pools(env.cluster_id)) == 1
-
-
-def test_429_exhausted_raises_rate_limited_with_retry_after(env: Env) -> None:
-    provider = env.provider(max_attempts=3)
-    env.fake.fail_next(429, times=10, retry_after=3)
+    env.fake.fail_next(429, times=1, retry_after=7, method="POST")
     with pytest.raises(RateLimited) as info:
-        provider.list_nodes()
-    assert info.value.retry_after == 3.0
+        provider.launch(req("r1", count=2))
+    assert info.value.retry_after == 7.0 and info.value.retry.delay_s == 7.0
     assert info.value.status == 429
     assert isinstance(info.value.__cause__, ApiError)
-    assert env.clock.now() == 6.0
-
-
-def test_5xx_is_retried_with_exponential_backoff(env: Env) -> None:
-    provider = env.provider(backoff_base_s=1.0)
-    env.fake.fail_next(500, times=2, method="GET")
-    env.fake.fail_next(502, times=1, method="POST")
-    nodes = provider.launch(req("r1"))
-    assert len(nodes) == 1
-    # GET cluster: 500, 500 -> 1 s + 2 s; then POST pool: 502 -> 1 s (a fresh operation starts its own backoff).
-    assert env.clock.now() == 4.0
+    assert env.clock.now() == 0.0  # never sleeps: the launcher retries at the due time
+    assert env.fake.pools(env.cluster_id) == []
+    nodes = provider.launch(req("r1", count=2))
+    assert len(nodes) == 2
     assert len(env.fake.pools(env.cluster_id)) == 1
 
 
-def test_5xx_exhausted_raises_transient_error_chained(env: Env) -> None:
-    provider = env.provider(max_attempts=3, backoff_base_s=2.0)
-    env.fake.fail_next(503, times=3)
+def test_429_without_retry_after_carries_the_default_delay(env: Env) -> None:
+    provider = env.provider(default_retry_after_s=4.0)
+    env.fake.fail_next(429, times=1)
+    with pytest.raises(RateLimited) as info:
+        provider.list_nodes()
+    assert info.value.retry_after == 4.0
+    assert env.clock.now() == 0.0
+
+
+def test_5xx_is_raised_once_as_a_transient_error_chained(env: Env) -> None:
+    provider = env.provider()
+    env.fake.fail_next(503, times=1)
+    sent = len(env.fake.requests)
     with pytest.raises(TransientProviderError) as info:
         provider.list_nodes()
     assert info.value.status == 503
+    assert info.value.retry.kind == "backoff"
     assert isinstance(info.value.__cause__, ApiError)
-    assert env.clock.now() == 2.0 + 4.0
+    assert len(env.fake.requests) == sent + 1  # one attempt
+    assert env.clock.now() == 0.0
 
 
-def test_timeout_is_retried_and_a_lost_create_response_does_not_duplicate_the_pool(env: Env) -> None:
+def test_a_5xx_in_the_middle_of_a_launch_is_resumed_by_the_same_request_id(env: Env) -> None:
+    provider = env.provider()
+    env.fake.fail_next(502, times=1, method="POST")
+    with pytest.raises(TransientProviderError):
+        provider.launch(req("r1"))
+    nodes = provider.launch(req("r1"))
+    assert len(nodes) == 1
+    assert len(env.fake.pools(env.cluster_id)) == 1
+    assert env.clock.now() == 0.0
+
+
+def test_timeout_is_raised_and_a_lost_create_response_does_not_duplicate_the_pool(env: Env) -> None:
     provider = env.provider(timeout_s=0.2)
     env.fake.delay_next(0.6, method="POST", path="/pools")  # the pool is created, the response is lost
-    nodes = provider.launch(req("r1", count=2))
+    with pytest.raises(TransientProviderError, match="timed out"):
+        provider.launch(req("r1", count=2))
+    nodes = provider.launch(req("r1", count=2))  # the caller's retry finds the pool by its ledger
     assert len(nodes) == 2
     assert len(env.fake.pools(env.cluster_id)) == 1
-    assert env.clock.now() == 1.0  # one backoff step
     assert [r.method for r in env.fake.requests].count("POST") == 1
+    assert env.clock.now() == 0.0
 
 
 def test_400_surfaces_the_api_reason_and_field(env: Env) -> None:
@@ -256,7 +267,9 @@ def test_growth_survives_a_crash_without_doubling(env: Env) -> None:
     provider.launch(req("a", count=1))
     env.fake.delay_next(0.6, method="PUT")  # the growth is applied, its response lost
     slow = env.provider(max_node_pool_count=1, timeout_s=0.2)
-    grown = slow.launch(req("b", count=2))
+    with pytest.raises(TransientProviderError, match="timed out"):
+        slow.launch(req("b", count=2))
+    grown = slow.launch(req("b", count=2))  # the caller's retry: the ledger says it was served
     assert len(grown) == 2
     restarted = env.provider(max_node_pool_count=1)  # a new process relaunching "b"
     again = restarted.launch(req("b", count=2))

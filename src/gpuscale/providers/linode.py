@@ -34,12 +34,14 @@ database) are found by :meth:`LinodeProvider.orphans` and removed by :meth:`Lino
 
 Errors and retries
 ------------------
-The SDK's own retries are disabled (they sleep in real time inside urllib3, and would re-send a ``POST``); the
-provider retries whole idempotent operations with an injected :class:`~gpuscale.clock.Clock`: HTTP 429 waits for
-``Retry-After``; 408/5xx, timeouts and connection errors back off exponentially. The SDK sets no timeout, so a
-default one is mounted on its session. API errors map to :mod:`gpuscale.errors` (chained with ``from``); a 400
-keeps the API's ``reason`` and ``field``. The token is read from ``LINODE_TOKEN`` and never appears in logs,
-exceptions or reprs.
+The SDK's own retries are disabled (they sleep in real time inside urllib3, and would re-send a ``POST``), and the
+provider never retries or sleeps either: each call is made once and a failure is raised as its mapped error with
+its :class:`~gpuscale.errors.RetryPolicy` (HTTP 429 as :class:`~gpuscale.errors.RateLimited` carrying
+``Retry-After``; 408/5xx, timeouts and connection errors as :class:`~gpuscale.errors.TransientProviderError`). The
+caller's launcher retries the whole operation, which is idempotent by request id, in a later reconcile at the due
+time: one retry layer in the system. The SDK sets no timeout, so a default one is mounted on its session. API
+errors map to :mod:`gpuscale.errors` (chained with ``from``); a 400 keeps the API's ``reason`` and ``field``. The
+token is read from ``LINODE_TOKEN`` and never appears in logs, exceptions or reprs.
 """
 
 from __future__ import annotations
@@ -137,17 +139,15 @@ class LinodeConfig:
     max_node_pool_count: int = DEFAULT_MAX_NODE_POOL_COUNT
     max_nodes: int = DEFAULT_MAX_NODES
     timeout_s: float = 30.0
-    max_attempts: int = 5
-    backoff_base_s: float = 1.0
-    backoff_max_s: float = 30.0
-    max_retry_after_s: float = 300.0
+    default_retry_after_s: float = 1.0
+    """The retry delay a 429 without a usable ``Retry-After`` header carries."""
     not_ready_deadline_s: float = 900.0
 
     def __post_init__(self) -> None:
-        for name in ("max_node_pool_count", "max_nodes", "max_attempts"):
+        for name in ("max_node_pool_count", "max_nodes"):
             if getattr(self, name) < 1:
                 raise InputError("must be at least 1", where=f"linode config {name}", value=getattr(self, name))
-        for name in ("timeout_s", "backoff_base_s", "not_ready_deadline_s"):
+        for name in ("timeout_s", "default_retry_after_s", "not_ready_deadline_s"):
             if getattr(self, name) <= 0:
                 raise InputError("must be positive", where=f"linode config {name}", value=getattr(self, name))
 
@@ -275,7 +275,7 @@ class LinodeProvider:
 
     The token comes from ``token`` or else ``env[LINODE_TOKEN]``; without one the constructor raises
     :class:`~gpuscale.errors.AuthenticationError` (``LINODE_TOKEN environment variable is not set``) and no call
-    is made. ``clock`` is used for retry sleeps and node timing.
+    is made. ``clock`` times nodes (first seen, not ready since); the provider never sleeps.
     """
 
     name = PROVIDER_NAME
@@ -335,7 +335,7 @@ class LinodeProvider:
         with self._lock:
             self._request_ids[key] = request.request_id
             self._ensure_cluster()
-            return self._retrying(f"launch {request.request_id}", lambda: self._launch_once(request, key))
+            return self._call(f"launch {request.request_id}", lambda: self._launch_once(request, key))
 
     def delete_node(self, node_id: str) -> None:
         """Delete this node (its whole pool if it is the pool's last node). A node already gone is success."""
@@ -354,7 +354,7 @@ class LinodeProvider:
                 self._delete_pool(pool.id)
             else:
                 owner = pool.owners().get(node_id, "")
-                self._retrying(f"delete node {node_id}", lambda: self._delete_node_call(node_id))
+                self._call(f"delete node {node_id}", lambda: self._delete_node_call(node_id))
                 if owner:
                     ledger = dict(pool.ledger)
                     seq, k = ledger[owner]
@@ -362,7 +362,7 @@ class LinodeProvider:
                         del ledger[owner]
                     else:
                         ledger[owner] = (seq, k - 1)
-                    self._retrying(f"update ledger of pool {pool.id}", lambda: self._put_labels(pool, ledger))
+                    self._call(f"update ledger of pool {pool.id}", lambda: self._put_labels(pool, ledger))
             self._forget(node_id)
 
     def list_nodes(self) -> Sequence[CloudNode]:
@@ -446,7 +446,7 @@ class LinodeProvider:
     def recycle_node(self, node_id: str) -> None:
         """Replace the Linode behind a node (LKE ``recycle``); used for nodes stuck ``not_ready``."""
         with self._lock:
-            self._retrying(
+            self._call(
                 f"recycle node {node_id}",
                 lambda: LKECluster(self._client, self.config.cluster_id).node_recycle(node_id),
             )
@@ -472,7 +472,7 @@ class LinodeProvider:
     def _ensure_cluster(self) -> None:
         if self._cluster_checked:
             return
-        cluster = self._retrying("get cluster", lambda: self._client.load(LKECluster, self.config.cluster_id))
+        cluster = self._call("get cluster", lambda: self._client.load(LKECluster, self.config.cluster_id))
         region = getattr(cluster.region, "id", cluster.region)
         if region != self.config.region:
             raise InvalidProviderRequest(
@@ -572,7 +572,7 @@ class LinodeProvider:
                 if exc.status != 404:
                     raise
 
-        self._retrying(f"delete pool {pool_id}", call)
+        self._call(f"delete pool {pool_id}", call)
         log.info("linode: deleted pool %s", pool_id)
 
     def _forget(self, node_id: str) -> None:
@@ -584,7 +584,7 @@ class LinodeProvider:
         def call() -> list[_Pool]:
             return [self._view(p) for p in LKECluster(self._client, self.config.cluster_id).pools]
 
-        return self._retrying("list pools", call)
+        return self._call("list pools", call)
 
     @staticmethod
     def _view(obj: Any) -> _Pool:
@@ -658,44 +658,32 @@ class LinodeProvider:
         return out
 
     # --- retries and error mapping -------------------------------------------------------------------------------
-    def _retrying(self, what: str, fn: Callable[[], T]) -> T:
-        attempt = 0
-        while True:
-            attempt += 1
-            scrubbed: ProviderError | None = None  # raised outside the handler, so it has no __context__
-            try:
-                return fn()
-            except GpuscaleError as exc:
-                if not self._leaks(exc):
-                    raise
-                scrubbed = ProviderError(self._scrub(str(exc))[:300], provider=self.name)
-            except ApiError as exc:
-                err, cause = self._map_api_error(exc, what), exc
-            except requests.exceptions.Timeout as exc:
-                err = TransientProviderError(f"linode {what}: timed out", provider=self.name)
-                cause = exc
-            except requests.exceptions.RequestException as exc:
-                err = TransientProviderError(
-                    f"linode {what}: connection failed ({type(exc).__name__})", provider=self.name
-                )
-                cause = exc
-            except Exception as exc:  # anything else from the client library: never let the token ride along
-                if not self._leaks(exc):
-                    raise
-                scrubbed = ProviderError(f"linode {what}: {self._scrub(str(exc))[:300]}", provider=self.name)
-            if scrubbed is not None:
-                raise scrubbed
-            cause = self._scrubbed_cause(cause)
-            if isinstance(err, RateLimited):
-                delay = min(err.retry_after, self.config.max_retry_after_s)
-            elif isinstance(err, TransientProviderError):
-                delay = min(self.config.backoff_base_s * 2 ** (attempt - 1), self.config.backoff_max_s)
-            else:
-                raise err from cause
-            if attempt >= self.config.max_attempts:
-                raise err from cause
-            log.warning("%s; retry %d/%d in %.1fs", err, attempt, self.config.max_attempts - 1, delay)
-            self.clock.sleep(delay)
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """Run one API operation once; raise a failure as its mapped :mod:`gpuscale.errors` class, chained to a
+        cause the token cannot ride along in. Never retries and never sleeps (the caller's launcher retries)."""
+        scrubbed: ProviderError | None = None  # raised outside the handler, so it has no __context__
+        try:
+            return fn()
+        except GpuscaleError as exc:
+            if not self._leaks(exc):
+                raise
+            scrubbed = ProviderError(self._scrub(str(exc))[:300], provider=self.name)
+        except ApiError as exc:
+            err, cause = self._map_api_error(exc, what), exc
+        except requests.exceptions.Timeout as exc:
+            err = TransientProviderError(f"linode {what}: timed out", provider=self.name)
+            cause = exc
+        except requests.exceptions.RequestException as exc:
+            err = TransientProviderError(f"linode {what}: connection failed ({type(exc).__name__})", provider=self.name)
+            cause = exc
+        except Exception as exc:  # anything else from the client library: never let the token ride along
+            if not self._leaks(exc):
+                raise
+            scrubbed = ProviderError(f"linode {what}: {self._scrub(str(exc))[:300]}", provider=self.name)
+        if scrubbed is not None:
+            raise scrubbed
+        log.warning("%s (retry policy %s, left to the caller)", err, err.retry.kind)
+        raise err from self._scrubbed_cause(cause)
 
     def _scrub(self, text: str) -> str:
         token = str(self._client.token or "")
@@ -747,7 +735,7 @@ class LinodeProvider:
         headers = getattr(getattr(exc, "response", None), "headers", None) or {}
         raw = headers.get("Retry-After")
         if raw is None:
-            return self.config.backoff_base_s
+            return self.config.default_retry_after_s
         try:
             return max(0.0, float(raw))
         except ValueError:
@@ -755,5 +743,5 @@ class LinodeProvider:
         try:
             when = email.utils.parsedate_to_datetime(raw)
         except (TypeError, ValueError):
-            return self.config.backoff_base_s
+            return self.config.default_retry_after_s
         return max(0.0, (when - datetime.now(UTC)).total_seconds())
