@@ -1,0 +1,163 @@
+"""Which nodes are disruption candidates and why: drift, emptiness, under-utilisation, do-not-disrupt pods."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+
+from gpuscale.core import labels as L
+from gpuscale.core.disruption.values import Candidate, DisruptionReason, FreeRoom
+from gpuscale.core.model import (
+    CapacityType,
+    Catalog,
+    ConsolidationPolicy,
+    Node,
+    NodePool,
+    Pod,
+)
+from gpuscale.core.resources import MILLI_PER_GPU
+
+SPOT_FALLBACK_LABEL = "gpuscale.io/spot-fallback"
+"""Set to ``"true"`` on an on-demand node launched because spot capacity was unavailable (it drifts back to spot)."""
+
+
+def is_spot_fallback(node: Node, pool: NodePool) -> bool:
+    """True for an on-demand node launched as a spot fallback in a pool that wants spot."""
+    return (
+        node.labels.get(SPOT_FALLBACK_LABEL) == "true"
+        and node.labels.get(L.CAPACITY_TYPE) == str(CapacityType.ON_DEMAND)
+        and CapacityType.SPOT in pool.capacity_types
+    )
+
+
+def conforms(node: Node, pool: NodePool) -> str | None:
+    """None if the node still matches its pool's spec, else a sentence naming what drifted."""
+    if is_spot_fallback(node, pool):
+        return f"on-demand node launched as a spot fallback; pool {pool.name} prefers spot"
+    it = node.labels.get(L.INSTANCE_TYPE)
+    if pool.instance_types and it is not None and it not in pool.instance_types:
+        return f"instance type {it} is no longer allowed by pool {pool.name}"
+    zone = node.labels.get(L.ZONE)
+    if pool.zones and zone is not None and zone not in pool.zones:
+        return f"zone {zone} is no longer allowed by pool {pool.name}"
+    ct = node.labels.get(L.CAPACITY_TYPE)
+    if pool.capacity_types and ct is not None and ct not in {str(c) for c in pool.capacity_types}:
+        return f"capacity type {ct} is not one of pool {pool.name}'s ({', '.join(map(str, pool.capacity_types))})"
+    return None
+
+
+def node_price(node: Node, catalog: Catalog) -> float:
+    """$/h of a node: from the catalog offering its labels name, else the node's own ``hourly_cost``."""
+    it = catalog.by_name().get(node.labels.get(L.INSTANCE_TYPE, ""))
+    if it is not None:
+        zone, ct = node.labels.get(L.ZONE), node.labels.get(L.CAPACITY_TYPE)
+        for off in it.offerings:
+            if off.zone == zone and str(off.capacity_type) == ct:
+                return off.hourly_price
+    return node.hourly_cost
+
+
+DO_NOT_DISRUPT_VALUES = frozenset({"true", "True", "TRUE", "1", "yes"})
+
+
+def do_not_disrupt(pod: Pod) -> bool:
+    """True if the pod carries ``gpuscale.io/do-not-disrupt: "true"``."""
+    return pod.annotations.get(L.DO_NOT_DISRUPT_ANNOTATION, "") in DO_NOT_DISRUPT_VALUES
+
+
+def workload_pods(pods: Iterable[Pod]) -> list[Pod]:
+    return [p for p in pods if not p.is_daemonset]
+
+
+def is_live(p: Pod) -> bool:
+    return p.phase in ("Pending", "Running") or p.phase == ""
+
+
+def free_room(node: Node, pods: Iterable[Pod]) -> FreeRoom:
+    """Room left on ``node`` by ``pods``' requests (CPU milli, memory MiB, milli-GPU over all GPUs, pod slots)."""
+    cpu = mem = gpu = count = 0
+    for p in pods:
+        cpu += p.request.cpu_milli
+        mem += p.request.memory_mib
+        gpu += p.request.gpu_demand_milli
+        count += 1
+    a = node.allocatable
+    return FreeRoom(a.cpu_milli - cpu, a.memory_mib - mem, a.gpus * MILLI_PER_GPU - gpu, a.pods - count)
+
+
+def request_share(node: Node, pods: Sequence[Pod]) -> float:
+    """Requested share of the node: GPU share on GPU nodes, else the larger of CPU and memory share."""
+    a = node.allocatable
+    if a.gpus > 0:
+        return sum(p.request.gpu_demand_milli for p in pods) / (a.gpus * MILLI_PER_GPU)
+    cpu = sum(p.request.cpu_milli for p in pods) / a.cpu_milli if a.cpu_milli else 0.0
+    mem = sum(p.request.memory_mib for p in pods) / a.memory_mib if a.memory_mib else 0.0
+    return max(cpu, mem)
+
+
+def classify(
+    node: Node, pool: NodePool, pods: Sequence[Pod], utilization: Mapping[str, float]
+) -> tuple[DisruptionReason, str] | None:
+    drift = conforms(node, pool)
+    if drift is not None:
+        return DisruptionReason.DRIFTED, drift
+    if not pods:
+        return DisruptionReason.EMPTY, "no workload pods"
+    if node.allocatable.gpus > 0 and not any(p.request.wants_gpu for p in pods):
+        return DisruptionReason.EMPTY, f"GPU node runs only CPU-only pods ({len(pods)})"
+    d = pool.disruption
+    if d.consolidation_policy is not ConsolidationPolicy.WHEN_EMPTY_OR_UNDERUTILIZED:
+        return None
+    share = request_share(node, pods)
+    if share >= d.utilization_threshold:
+        return None
+    msg = f"requests use {share:.0%} of the node (threshold {d.utilization_threshold:.0%})"
+    if d.use_measured_gpu_utilization and node.allocatable.gpus > 0 and node.name in utilization:
+        measured = utilization[node.name]
+        if measured >= d.utilization_threshold:
+            return None
+        msg += f", measured GPU utilisation {measured:.0%}"
+    return DisruptionReason.UNDERUTILIZED, msg
+
+
+def classify_node(
+    node: Node, pool: NodePool, pods: Sequence[Pod], utilization: Mapping[str, float] | None = None
+) -> DisruptionReason | None:
+    """Why ``node`` (of ``pool``, running ``pods``) is a disruption candidate (empty, drifted, underutilised), or None.
+
+    The cheap first step of :func:`plan_disruption`, which callers use to start ``consolidateAfter`` clocks without
+    simulating anything."""
+    cls = classify(node, pool, workload_pods(p for p in pods if is_live(p)), utilization or {})
+    return cls[0] if cls is not None else None
+
+
+def sort_pods(pods: Iterable[Pod]) -> list[Pod]:
+    return sorted(pods, key=lambda p: (-p.request.gpu_demand_milli, -p.request.cpu_milli, -p.request.memory_mib, p.key))
+
+
+def find_candidates(
+    nodes: Iterable[Node],
+    pool_by_name: Mapping[str, NodePool],
+    by_node: Mapping[str, Sequence[Pod]],
+    catalog: Catalog,
+    now: float,
+    since: Mapping[str, float],
+    only: Collection[str] | None,
+    utilization: Mapping[str, float],
+) -> tuple[list[Candidate], dict[str, float]]:
+    """The candidates among ``nodes`` (of a pool in ``pool_by_name``; in ``only`` unless None) in the order they are
+    considered (:attr:`Candidate.sort_key`), and since when each is one (``since``, else ``now``)."""
+    new_since: dict[str, float] = {}
+    out: list[Candidate] = []
+    for n in nodes:
+        pool = pool_by_name.get(n.pool or "")
+        if pool is None or (only is not None and n.name not in only):
+            continue
+        wl = workload_pods(by_node.get(n.name, ()))
+        cls = classify(n, pool, wl, utilization)
+        if cls is None:
+            continue
+        reason, msg = cls
+        new_since[n.name] = since.get(n.name, now)
+        out.append(Candidate(n, pool, reason, msg, wl, request_share(n, wl), node_price(n, catalog)))
+    out.sort(key=lambda c: c.sort_key)
+    return out, new_since
