@@ -33,7 +33,7 @@ from gpuscale.gpr.store import GprStore
 TOKEN = "fuzz-token-91c2"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 EXAMPLES = 60
-"""Examples per operation and generation mode (x2 modes, x7 operations)."""
+"""Examples per operation and generation mode (x2 modes, x6 operations)."""
 HOSTILE_EXAMPLES = 300
 
 CATALOG = load_catalog("linode")

@@ -153,3 +153,4 @@ def test_wheel_installed_in_a_fresh_venv_runs_from_an_empty_directory(tmp_path: 
     assert "  gpr " in helptext and "  serve " in helptext, str(log)
     refused = run("gpuscale", "gpr", "list", expect=2, extra_env=no_server)
     assert "gpuscale[server]" in refused, str(log)
+    print(f"\n{log}")  # the transcript, for the record (pytest -s)
