@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from gpuscale.core.durations import parse_egs_duration as parse_duration
 from gpuscale.core.gpr import (
     GPR_LABEL,
     GPR_TAINT,
@@ -30,7 +31,6 @@ from gpuscale.core.gpr import (
     gpr_to_dict,
     gpr_toleration,
     new_gpr,
-    parse_duration,
     parse_gpr_spec,
     plan_gprs,
     priority_band,

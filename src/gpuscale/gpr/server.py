@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuscale.clock import Clock, SystemClock
-from gpuscale.core.gpr import DEFAULT_MAX_EXIT_S, MAX_EXIT_CEILING_S, parse_duration
+from gpuscale.core.durations import parse_egs_duration
+from gpuscale.core.gpr import DEFAULT_MAX_EXIT_S, MAX_EXIT_CEILING_S
 from gpuscale.core.model import Catalog
 from gpuscale.errors import AuthenticationError, InputError
 from gpuscale.gpr.manager import GprManager, Inventory, config_from_env
@@ -185,7 +186,7 @@ def max_exit_from_env(env: Mapping[str, str]) -> int:
     raw = env.get(MAX_EXIT_ENV, "").strip()
     if not raw:
         return DEFAULT_MAX_EXIT_S
-    seconds = parse_duration(raw, where=f"environment variable {MAX_EXIT_ENV}")
+    seconds = parse_egs_duration(raw, where=f"environment variable {MAX_EXIT_ENV}")
     if not 0 < seconds <= MAX_EXIT_CEILING_S:
         raise InputError(
             "is out of range", where=f"environment variable {MAX_EXIT_ENV}", value=raw[:20], fix="use 1m to 36500d"

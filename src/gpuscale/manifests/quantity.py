@@ -5,7 +5,8 @@ Ei``), a decimal suffix (``n u m k M G T P E``) or a decimal exponent (``e3``, `
 ``cpu: 0.5``) is read as written. Rounding: requests round **up** to the next millicore / MiB (a pod never gets less
 than it asked for), capacities (``allocatable``, pool limits) round **down**.
 
-Durations follow Go's ``time.ParseDuration`` (``"30s"``, ``"10m"``, ``"1h30m"``, ``"1.5h"``, ``"500ms"``).
+Durations follow Go's ``time.ParseDuration`` (``"30s"``, ``"10m"``, ``"1h30m"``, ``"1.5h"``, ``"500ms"``): the grammar
+is :func:`gpuscale.core.durations.parse_go_duration`, re-exported here as :func:`parse_duration`.
 
 Only ASCII digits are digits (``"٣"`` is not 3), and values are bounded before they are converted:
 :data:`MAX_NUMBER_CHARS` characters of number, :data:`MAX_QUANTITY` (``1Ei``) for any quantity,
@@ -21,6 +22,13 @@ from __future__ import annotations
 import math
 import re
 from fractions import Fraction
+
+from gpuscale.core.durations import DURATION_HELP as DURATION_HELP
+from gpuscale.core.durations import MAX_DURATION_CHARS, parse_go_duration
+from gpuscale.core.durations import MAX_DURATION_S as MAX_DURATION_S
+
+parse_duration = parse_go_duration
+"""Seconds in a Go-style duration string (:func:`gpuscale.core.durations.parse_go_duration`)."""
 
 MIB = 1 << 20
 
@@ -41,15 +49,13 @@ _QUANTITY = re.compile(
     r"^(?P<num>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
     r"(?:(?P<exp>[eE][+-]?[0-9]+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$"
 )
-MAX_NUMBER_CHARS = 40
+MAX_NUMBER_CHARS = MAX_DURATION_CHARS
 """Longest quantity or duration string read (a longer one is refused before it is converted)."""
 MAX_QUANTITY = Fraction(1 << 60)
 """Largest quantity of any kind (1Ei): memory in bytes, CPU in cores, counts."""
 MAX_CPU_CORES = 10**9
 MAX_COUNT = 10**9
 """Largest GPU count, milli-GPU amount or pod count."""
-MAX_DURATION_S = 10 * 366 * 86400
-"""Longest duration (10 years)."""
 _MAX_EXPONENT = 30
 QUANTITY_HELP = "write a Kubernetes quantity such as 500m, 2, 0.5, 512Mi, 16Gi, 1G or 1e9"
 
@@ -127,43 +133,3 @@ def to_cpu_milli(q: Fraction, *, round_up: bool = True) -> int:
 def to_memory_mib(q: Fraction, *, round_up: bool = True) -> int:
     """An exact memory amount (bytes) in MiB."""
     return math.ceil(q / MIB) if round_up else math.floor(q / MIB)
-
-
-_DURATION_UNITS = {
-    "ns": Fraction(1, 10**9),
-    "us": Fraction(1, 10**6),
-    "µs": Fraction(1, 10**6),
-    "μs": Fraction(1, 10**6),
-    "ms": Fraction(1, 1000),
-    "s": Fraction(1),
-    "m": Fraction(60),
-    "h": Fraction(3600),
-}
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
-DURATION_HELP = 'write a duration such as "30s", "10m", "1h30m" or "1.5h"'
-
-
-def parse_duration(value: object) -> float:
-    """Seconds in a Go-style duration string (``"1h30m"`` -> 5400.0). Negative durations are rejected."""
-    if not isinstance(value, str):
-        raise ValueError("not a duration string")
-    text = value.strip()
-    if len(text) > MAX_NUMBER_CHARS:
-        raise ValueError(f"longer than {MAX_NUMBER_CHARS} characters")
-    if text == "0":
-        return 0.0
-    if text.startswith("-"):
-        raise ValueError("must not be negative")
-    text = text.removeprefix("+")
-    pos, total = 0, Fraction(0)
-    while pos < len(text):
-        m = _DURATION_PART.match(text, pos)
-        if m is None:
-            raise ValueError("not a valid duration")
-        total += Fraction(m[1]) * _DURATION_UNITS[m[2]]
-        pos = m.end()
-    if not text:
-        raise ValueError("empty duration")
-    if total > MAX_DURATION_S:
-        raise ValueError("longer than 10 years")
-    return float(total)

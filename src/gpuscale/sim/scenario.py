@@ -53,6 +53,7 @@ import yaml
 from gpuscale.catalogs import load_catalog
 from gpuscale.controller.backend import PodDisruptionBudget
 from gpuscale.controller.loop import ControllerConfig
+from gpuscale.core.durations import DAYS_HELP, DURATION_HELP, MAX_DURATION_S, parse_days_duration
 from gpuscale.core.model import CapacityType, Catalog, NodePool, Toleration
 from gpuscale.core.scoring import SCORERS
 from gpuscale.errors import InputError
@@ -60,14 +61,7 @@ from gpuscale.inputs import load_yaml_text, read_text
 from gpuscale.manifests.fields import toleration
 from gpuscale.manifests.pools import read_pool
 from gpuscale.manifests.problems import Doc, ManifestError, did_you_mean
-from gpuscale.manifests.quantity import (
-    DURATION_HELP,
-    MAX_DURATION_S,
-    QUANTITY_HELP,
-    cpu_milli,
-    memory_mib,
-    parse_duration,
-)
+from gpuscale.manifests.quantity import QUANTITY_HELP, cpu_milli, memory_mib
 from gpuscale.sim.cloud import CapacityRule, CloudBehaviour, Faults, TypeLatencies
 from gpuscale.sim.cluster import ClusterBehaviour
 from gpuscale.sim.engine import Dist
@@ -140,7 +134,6 @@ SOURCE_FIELDS: dict[str, tuple[str, ...]] = {
     "gangs": ("ratePerHour", "duration", "start", "sizes", "runtime", "shape", "prefix", "namespace"),
 }  # fmt: skip
 
-_DAYS = re.compile(r"^([0-9]{1,6}(?:\.[0-9]{0,9})?)d(.*)$")
 MAX_COUNT = 1_000_000
 """Default upper bound of integer fields (counts, nodes, sizes, limits)."""
 MAX_NUMBER = 1e9
@@ -298,13 +291,9 @@ class _V:
             return float(value)
         if isinstance(value, str):
             try:
-                m = _DAYS.match(value.strip())
-                seconds = (float(m[1]) * 86400 + (parse_duration(m[2]) if m[2] else 0.0)) if m else None
-                if seconds is not None and seconds > MAX_DURATION_S:
-                    raise ValueError("longer than 10 years")
-                return parse_duration(value) if seconds is None else seconds
+                return parse_days_duration(value)
             except ValueError as exc:
-                raise self.fail(path, str(exc), value, 'days are allowed too, e.g. "2d" or "1d12h"') from None
+                raise self.fail(path, str(exc), value, DAYS_HELP) from None
         raise self.fail(path, "must be a duration", value, DURATION_HELP)
 
     def dist(self, value: object, path: str) -> Dist:

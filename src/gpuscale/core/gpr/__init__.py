@@ -34,6 +34,8 @@ Nodes serving a GPR carry the label and ``NoSchedule`` taint ``gpuscale.io/gpr=<
 (:func:`admits_pod`).
 """
 
+from gpuscale.core.durations import MAX_EGS_DURATION_TEXT as MAX_DURATION_TEXT
+from gpuscale.core.durations import format_egs_duration as format_duration
 from gpuscale.core.gpr.codec import (
     gpr_to_dict,
     status_from_record,
@@ -87,7 +89,6 @@ from gpuscale.core.gpr.spec import (
     GPR_TAINT,
     IGNORED_EGS_FIELDS,
     KIND,
-    MAX_DURATION_TEXT,
     MAX_EXIT_CEILING_S,
     MAX_GPUS_PER_NODE,
     MAX_MEMORY_PER_GPU_GB,
@@ -107,9 +108,7 @@ from gpuscale.core.gpr.spec import (
     GprValidationError,
     clean_text,
     closest_field,
-    format_duration,
     format_timestamp,
-    parse_duration,
     priority_band,
     spec_from_dict,
     spec_to_dict,
@@ -186,7 +185,6 @@ __all__ = [
     "is_gpr_request_id",
     "launch_action",
     "new_gpr",
-    "parse_duration",
     "parse_gpr_spec",
     "plan_gprs",
     "priority_band",

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpuscale.core.durations import format_egs_duration
 from gpuscale.core.gpr.lifecycle import Gpr, GprState, GprStatus, NodePoolDetails
-from gpuscale.core.gpr.spec import API_VERSION, KIND, format_duration, format_timestamp, priority_band, spec_to_dict
+from gpuscale.core.gpr.spec import API_VERSION, KIND, format_timestamp, priority_band, spec_to_dict
 
 
 def status_to_dict(status: GprStatus, *, remaining_s: float | None = None) -> dict[str, Any]:
@@ -20,13 +21,13 @@ def status_to_dict(status: GprStatus, *, remaining_s: float | None = None) -> di
         "failureReason": status.failure_reason,
         "startTimestamp": format_timestamp(status.start_timestamp),
         "completionTimestamp": format_timestamp(status.completion_timestamp),
-        "remainingDuration": None if remaining is None else format_duration(remaining),
+        "remainingDuration": None if remaining is None else format_egs_duration(remaining),
         "numGPUsAllocated": status.num_gpus_allocated,
         "nodeList": list(status.node_list),
         "cost": status.cost,
         "estimatedWaitTime": None
         if status.estimated_wait_time_s is None
-        else format_duration(status.estimated_wait_time_s),
+        else format_egs_duration(status.estimated_wait_time_s),
         "delayedCount": status.delayed_count,
         "retryCount": status.retry_count,
         "evictedBy": status.evicted_by,

@@ -9,6 +9,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpuscale.core.durations import format_egs_duration
 from gpuscale.core.gpr.lifecycle import (
     HOLDING_STATES,
     REQUEUEABLE,
@@ -21,7 +22,7 @@ from gpuscale.core.gpr.lifecycle import (
     gpr_node_taints,
     transition,
 )
-from gpuscale.core.gpr.spec import GprSpec, format_duration, format_timestamp
+from gpuscale.core.gpr.spec import GprSpec, format_timestamp
 from gpuscale.core.gpr.validation import (
     allowed_models,
     candidate_offerings,
@@ -372,7 +373,7 @@ class _Planner:
             idle = bool(utils) and all(u is not None and u <= self.cfg.idle_gpu_threshold for u in utils)
             idle_since = (idle_since if idle_since is not None else self.now) if idle else None
             if idle_since is not None and self.now - idle_since >= g.spec.idle_timeout_s:
-                self.move(g, Trigger.IDLE_TIMEOUT, f"no GPU use for {format_duration(self.now - idle_since)}")
+                self.move(g, Trigger.IDLE_TIMEOUT, f"no GPU use for {format_egs_duration(self.now - idle_since)}")
                 return
         self.set_status(g, remaining_duration_s=end - self.now, idle_since=idle_since)
 
@@ -409,7 +410,7 @@ class _Planner:
                 g,
                 Trigger.PROVISIONING_FAILED,
                 f"{len(ready)}/{g.spec.number_of_gpu_nodes} nodes ready after "
-                f"{format_duration(self.now - st.state_since)}",
+                f"{format_egs_duration(self.now - st.state_since)}",
             )
             return
         need = st.node_pool_details.count - len(created)

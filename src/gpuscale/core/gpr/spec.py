@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuscale.core.durations import format_egs_duration, parse_egs_duration
 from gpuscale.errors import InputError, short_repr
 
 API_VERSION = "gpuscale.io/v1alpha1"
@@ -26,44 +27,6 @@ GPR_LABEL = "gpuscale.io/gpr"
 GPR_TAINT = "gpuscale.io/gpr"
 """``NoSchedule`` taint key (value: the gprId) on every node serving a GPR; its workloads tolerate it."""
 REQUEST_ID_PREFIX = "gpr-"
-
-
-# ------------------------------------------------------------------------------------------------------- durations
-_DURATION_RE = re.compile(r"(?:([0-9]{1,12})d)?(?:([0-9]{1,12})h)?(?:([0-9]{1,12})m)?(?:([0-9]{1,12})s)?")
-MAX_DURATION_TEXT = 32
-"""Longest duration string accepted (longer ones are refused before parsing)."""
-
-
-def parse_duration(text: str, *, where: str = "duration") -> int:
-    """Seconds in an EGS duration: ``0d8h0m``, ``8h``, ``30m``, ``1d12h``, ``90s`` (each unit optional, in order).
-
-    Raises :class:`InputError` naming ``where`` for a negative, empty or malformed value.
-    """
-    if not isinstance(text, str):
-        raise InputError("must be a duration string", where=where, value=text, fix="write e.g. 0d8h0m, 8h or 30m")
-    if len(text) > MAX_DURATION_TEXT:
-        raise InputError(
-            f"is too long ({len(text)} characters)", where=where, value=text[:20], fix="write e.g. 0d8h0m, 8h or 30m"
-        )
-    s = text.strip().lower()
-    if s.startswith("-"):
-        raise InputError("must not be negative", where=where, value=text, fix="write a positive duration such as 8h")
-    m = _DURATION_RE.fullmatch(s)
-    if not s or m is None or not any(m.groups()):
-        raise InputError(
-            "is not a duration", where=where, value=text, fix="use days/hours/minutes/seconds in order: 0d8h0m, 8h, 30m"
-        )
-    d, h, mi, sec = (int(g) if g else 0 for g in m.groups())
-    return ((d * 24 + h) * 60 + mi) * 60 + sec
-
-
-def format_duration(seconds: float) -> str:
-    """EGS form of a duration: ``0d8h0m`` (``s`` appended only when there are leftover seconds)."""
-    total = max(0, round(seconds))
-    d, rem = divmod(total, 86400)
-    h, rem = divmod(rem, 3600)
-    m, s = divmod(rem, 60)
-    return f"{d}d{h}h{m}m" + (f"{s}s" if s else "")
 
 
 def priority_band(priority: int) -> str:
@@ -262,12 +225,12 @@ class _Reader:
                 self.err(name, "is required (a duration such as 0d8h0m, 8h or 30m)")
             return None
         try:
-            seconds = parse_duration(v, where=name)
+            seconds = parse_egs_duration(v, where=name)
         except InputError as exc:
             self.err(name, f"{exc.args[0].split(': ', 1)[-1]}")
             return None
         if seconds > max_s:
-            self.err(name, f"must be at most {format_duration(max_s)}, got {format_duration(seconds)}")
+            self.err(name, f"must be at most {format_egs_duration(max_s)}, got {format_egs_duration(seconds)}")
             return None
         return seconds
 
@@ -384,8 +347,8 @@ def spec_to_dict(spec: GprSpec) -> dict[str, Any]:
         "numberOfGPUNodes": spec.number_of_gpu_nodes,
         "memoryPerGpu": spec.memory_per_gpu,
         "priority": spec.priority,
-        "exitDuration": format_duration(spec.exit_duration_s),
-        "idleTimeOutDuration": format_duration(spec.idle_timeout_s) if spec.idle_timeout_s else None,
+        "exitDuration": format_egs_duration(spec.exit_duration_s),
+        "idleTimeOutDuration": format_egs_duration(spec.idle_timeout_s) if spec.idle_timeout_s else None,
         "enforceIdleTimeOut": spec.enforce_idle_timeout,
         "earlyRelease": spec.early_release,
         "enableEviction": spec.enable_eviction,
