@@ -11,9 +11,14 @@ from dataclasses import dataclass
 
 import pytest
 
+from gpuscale.catalogs import load_catalog
 from gpuscale.clock import ManualClock
+from gpuscale.fakes.kube_api import KubeAPIServer
 from gpuscale.fakes.linode_api import FakeLinodeAPI
+from gpuscale.kube.client import KubeClient
+from gpuscale.kube.kwok import KwokConfig, KwokProvider
 from gpuscale.providers.linode import LinodeConfig, LinodeProvider
+from kube_harness import client_for
 from provider_contract import ContractBackend, ProviderContract, ProviderFactory
 
 _FAKES: list[FakeLinodeAPI] = []
@@ -60,7 +65,38 @@ class LinodeFactory:
         return LinodeBackend(provider, fake)
 
 
-PROVIDER_FACTORIES: list[ProviderFactory] = [LinodeFactory()]
+@dataclass
+class KwokBackend:
+    """The kwok provider creating Node objects in the emulated Kubernetes API server."""
+
+    provider: KwokProvider
+    server: KubeAPIServer
+    client: KubeClient
+    instance_type: str = "g2-gpu-rtx4000a1-s"
+    zone: str = "us-ord"
+
+    def exhaust_capacity(self, instance_type: str) -> None:
+        self.provider.config.unavailable_types.add(instance_type)
+
+    def exhaust_quota(self) -> None:
+        self.provider.config.max_nodes = 0
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.close()
+
+
+class KwokFactory:
+    name = "kwok"
+
+    def __call__(self) -> ContractBackend:
+        server = KubeAPIServer().start()
+        client = client_for(server)
+        provider = KwokProvider(client, load_catalog("linode"), ManualClock(1_000.0), KwokConfig())
+        return KwokBackend(provider, server, client)
+
+
+PROVIDER_FACTORIES: list[ProviderFactory] = [LinodeFactory(), KwokFactory()]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,0 +1,35 @@
+"""gpuscale in a live cluster: the Kubernetes adapter (needs the ``kube`` extra: ``pip install 'gpuscale[kube]'``).
+
+* :mod:`.client`: lightkube's async client on its own loop with a synchronous face, kubeconfig/service account;
+* :mod:`.cache`: list-then-watch of pods, nodes, PDBs, DaemonSets and gpuscale's CRDs (relist on 410 Gone);
+* :mod:`.backend`: the controller's :class:`~gpuscale.controller.backend.ClusterBackend` on that cache;
+* :mod:`.events`: Kubernetes Events for decisions; :mod:`.kwok`: the kwok provider; :mod:`.command`: the command.
+"""
+
+API_VERBS: tuple[tuple[str, str], ...] = (
+    ("list", "pods"),
+    ("watch", "pods"),
+    ("create", "pods/eviction"),
+    ("list", "nodes"),
+    ("watch", "nodes"),
+    ("get", "nodes"),
+    ("patch", "nodes"),
+    ("delete", "nodes"),
+    ("create", "nodes"),
+    ("patch", "nodes/status"),
+    ("list", "poddisruptionbudgets.policy"),
+    ("watch", "poddisruptionbudgets.policy"),
+    ("list", "daemonsets.apps"),
+    ("watch", "daemonsets.apps"),
+    ("create", "events"),
+    ("patch", "events"),
+    ("list", "gpunodepools.gpuscale.io"),
+    ("watch", "gpunodepools.gpuscale.io"),
+    ("list", "gpunodeclaims.gpuscale.io"),
+    ("watch", "gpunodeclaims.gpuscale.io"),
+    ("list", "offeringavailabilities.gpuscale.io"),
+    ("watch", "offeringavailabilities.gpuscale.io"),
+)
+"""Every (verb, resource) the adapter and the kwok provider use, as RBAC names them (``plural.group`` and
+``plural/subresource``). ``create nodes`` and ``patch nodes/status`` are the kwok provider's only. The RBAC test of
+the deployment checks the ClusterRole against this list; the end-to-end tests check the adapter uses nothing else."""

@@ -1,0 +1,223 @@
+"""``--provider kwok``: nodes are Node objects created directly in the API server, as kwok's fake nodes.
+
+Each launched node is a Node named ``kwok-<pool>-<request id hash>-<i>`` with the launch's labels (the pool's
+template: well-known, ``gpuscale.io/pool``, GPU Feature Discovery), ``gpuscale.io/request-id``, kwok's label
+``type: kwok``, annotation ``kwok.x-k8s.io/node: fake`` and taint ``kwok.x-k8s.io/node=fake:NoSchedule`` (pods,
+and pools, tolerate or declare it), ``spec.providerID`` ``kwok://<name>``, and allocatable CPU and memory from the
+catalog. Allocatable ``nvidia.com/gpu`` starts at 0 and is set from the catalog ``device_plugin_delay_s`` after
+creation (the device plugin starting), on the first ``list_nodes`` after that time. In a cluster running kwok this is a
+full scale test with no cloud account. Launches are idempotent by request id (the request-id label); ``max_nodes``
+and ``unavailable_types`` stand in for a quota and for exhausted capacity.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from lightkube.resources.core_v1 import Node as KNode
+from lightkube.types import PatchType
+
+from gpuscale.clock import Clock, SystemClock
+from gpuscale.core import labels as L
+from gpuscale.core.model import CapacityType, Catalog
+from gpuscale.core.nodeclaim import REQUEST_ID_LABEL
+from gpuscale.core.resources import GPU_RESOURCE
+from gpuscale.errors import InsufficientCapacity, InvalidProviderRequest, QuotaExceeded, TransientProviderError
+from gpuscale.kube.cache import raw
+from gpuscale.kube.client import KubeClient, KubeError
+from gpuscale.providers.base import (
+    CloudNode,
+    CloudNodeState,
+    LaunchRequest,
+    ProviderCapabilities,
+    ProviderEvent,
+)
+
+__all__ = ["KWOK_ANNOTATION", "KWOK_TAINT", "KwokConfig", "KwokProvider"]
+
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+KWOK_TAINT = {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}
+PROVIDER_LABEL = "gpuscale.io/provider-kind"
+CREATED_ANNOTATION = "gpuscale.io/created-at"
+
+
+@dataclass(slots=True)
+class KwokConfig:
+    """Knobs of the kwok provider (times in seconds of the injected clock)."""
+
+    device_plugin_delay_s: float = 0.0
+    max_nodes: int | None = None
+    """Quota: launches past this many kwok nodes raise QuotaExceeded."""
+    unavailable_types: set[str] = field(default_factory=set)
+    """Instance types with no capacity (InsufficientCapacity), to exercise fallbacks."""
+    taint: bool = True
+    """Add kwok's ``kwok.x-k8s.io/node=fake:NoSchedule`` taint."""
+
+
+class KwokProvider:
+    """A :class:`~gpuscale.providers.base.Provider` whose nodes are kwok Node objects."""
+
+    name = "kwok"
+
+    def __init__(
+        self, client: KubeClient, catalog: Catalog, clock: Clock | None = None, config: KwokConfig | None = None
+    ) -> None:
+        self.client = client
+        self.catalog = catalog
+        self.clock = clock or SystemClock()
+        self.config = config or KwokConfig()
+        self._types = catalog.by_name()
+
+    @property
+    def capabilities(self) -> ProviderCapabilities:
+        zones = sorted({o.zone for it in self.catalog.instance_types for o in it.offerings})
+        return ProviderCapabilities(spot=True, delete_specific_node=True, zones=tuple(zones), max_nodes_per_launch=100)
+
+    # ------------------------------------------------------------------ API calls
+    def _list(self, selector: str) -> list[dict[str, object]]:
+        async def go() -> list[dict[str, object]]:
+            return [raw(n) async for n in self.client.api.list(KNode, labels=_labels(selector))]
+
+        try:
+            return self.client.run(go(), verb="list", resource="nodes")
+        except KubeError as exc:
+            raise TransientProviderError(exc.describe(), provider=self.name, status=exc.status or None) from exc
+
+    def launch(self, request: LaunchRequest) -> Sequence[CloudNode]:
+        existing = self._list(f"{REQUEST_ID_LABEL}={request.request_id}")
+        if existing:
+            return [self._cloud(n) for n in existing]
+        itype = self._types.get(request.instance_type)
+        if itype is None:
+            raise InvalidProviderRequest(
+                f"unknown instance type {request.instance_type!r}", provider=self.name, field="instance_type"
+            )
+        if request.instance_type in self.config.unavailable_types:
+            raise InsufficientCapacity(f"no capacity for {request.instance_type} in {request.zone}", provider=self.name)
+        if self.config.max_nodes is not None:
+            count = len(self._list(f"{PROVIDER_LABEL}=kwok"))
+            if count + request.count > self.config.max_nodes:
+                raise QuotaExceeded(f"kwok node quota {self.config.max_nodes} reached", provider=self.name)
+        digest = hashlib.sha256(request.request_id.encode()).hexdigest()[:8]
+        out = []
+        for i in range(request.count):
+            name = f"kwok-{request.pool}-{digest}-{i}"[:63]
+            labels = {
+                L.INSTANCE_TYPE: itype.name,
+                L.ZONE: request.zone,
+                L.ARCH: itype.arch,
+                L.OS: "linux",
+                L.CAPACITY_TYPE: str(request.capacity_type),
+                L.POOL: request.pool,
+                **dict(request.labels),
+                L.HOSTNAME: name,
+                REQUEST_ID_LABEL: request.request_id,
+                PROVIDER_LABEL: "kwok",
+                "type": "kwok",
+            }
+            if itype.gpu_count and itype.gpu_model:
+                labels.setdefault(L.GPU_PRODUCT, itype.gpu_model)
+                labels.setdefault(L.GPU_COUNT, str(itype.gpu_count))
+                labels.setdefault("nvidia.com/gpu.present", "true")
+            taints = [{"key": t.key, "value": t.value, "effect": str(t.effect)} for t in request.taints]
+            if self.config.taint:
+                taints.append(dict(KWOK_TAINT))
+            gpus = itype.gpu_count if self.config.device_plugin_delay_s <= 0 else 0
+            alloc = {"cpu": str(itype.vcpus), "memory": f"{itype.memory_mib}Mi", "pods": "110", GPU_RESOURCE: str(gpus)}
+            body = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "labels": labels,
+                    "annotations": {
+                        KWOK_ANNOTATION: "fake",
+                        CREATED_ANNOTATION: repr(self.clock.now()),
+                        "node.alpha.kubernetes.io/ttl": "0",
+                    },
+                },
+                "spec": {"providerID": f"kwok://{name}", "taints": taints},
+                "status": {
+                    "allocatable": alloc,
+                    "capacity": {**alloc, GPU_RESOURCE: str(itype.gpu_count)},
+                    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+                },
+            }
+            try:
+                created = self.client.run(
+                    self.client.api.create(KNode.from_dict(body)), verb="create", resource="nodes"
+                )
+                out.append(self._cloud(raw(created)))
+            except KubeError as exc:
+                if exc.status == 409:  # created by an earlier attempt with the same request id
+                    continue
+                raise TransientProviderError(exc.describe(), provider=self.name, status=exc.status or None) from exc
+        if len(out) < request.count:
+            return [self._cloud(n) for n in self._list(f"{REQUEST_ID_LABEL}={request.request_id}")]
+        return out
+
+    def delete_node(self, node_id: str) -> None:
+        try:
+            self.client.run(self.client.api.delete(KNode, node_id), verb="delete", resource="nodes")
+        except KubeError as exc:
+            if exc.status != 404:
+                raise TransientProviderError(exc.describe(), provider=self.name, status=exc.status or None) from exc
+
+    def list_nodes(self) -> Sequence[CloudNode]:
+        nodes = self._list(f"{PROVIDER_LABEL}=kwok")
+        now = self.clock.now()
+        for n in nodes:
+            self._maybe_init_gpus(n, now)
+        return [self._cloud(n) for n in nodes]
+
+    def poll_errors(self) -> Sequence[ProviderEvent]:
+        return []
+
+    # ------------------------------------------------------------------ helpers
+    def _maybe_init_gpus(self, n: dict[str, object], now: float) -> None:
+        """Set allocatable GPUs once the device-plugin delay has passed (a status subresource patch)."""
+        meta = n.get("metadata") or {}
+        status = n.get("status") or {}
+        assert isinstance(meta, dict) and isinstance(status, dict)
+        cap = (status.get("capacity") or {}).get(GPU_RESOURCE, "0")
+        alloc = (status.get("allocatable") or {}).get(GPU_RESOURCE, "0")
+        if str(cap) == str(alloc) or meta.get("deletionTimestamp"):
+            return
+        created = float((meta.get("annotations") or {}).get(CREATED_ANNOTATION, "0") or 0)
+        if now < created + self.config.device_plugin_delay_s:
+            return
+        patch = {"status": {"allocatable": {GPU_RESOURCE: str(cap)}}}
+        with contextlib.suppress(KubeError):  # tried again on the next list
+            self.client.run(
+                self.client.api.patch(KNode.Status, str(meta["name"]), patch, patch_type=PatchType.MERGE),
+                verb="patch",
+                resource="nodes/status",
+            )
+
+    def _cloud(self, n: dict[str, object]) -> CloudNode:
+        meta = n.get("metadata") or {}
+        assert isinstance(meta, dict)
+        labels = dict(meta.get("labels") or {})
+        created = float((meta.get("annotations") or {}).get(CREATED_ANNOTATION, "0") or 0)
+        ct = labels.get(L.CAPACITY_TYPE, "on-demand")
+        return CloudNode(
+            node_id=str(meta["name"]),
+            request_id=labels.get(REQUEST_ID_LABEL, ""),
+            pool=labels.get(L.POOL, ""),
+            instance_type=labels.get(L.INSTANCE_TYPE, ""),
+            zone=labels.get(L.ZONE, ""),
+            capacity_type=CapacityType(ct) if ct in ("spot", "on-demand") else CapacityType.ON_DEMAND,
+            state=CloudNodeState.DELETING if meta.get("deletionTimestamp") else CloudNodeState.READY,
+            created_at=created,
+            node_name=str(meta["name"]),
+            instance_id=f"kwok://{meta['name']}",
+            labels=labels,
+        )
+
+
+def _labels(selector: str) -> dict[str, str]:
+    key, value = selector.split("=", 1)
+    return {key: value}

@@ -1,0 +1,112 @@
+"""Test harness for the Kubernetes adapter: an emulated API server, a client for it, and a scheduler stand-in.
+
+:func:`kubeconfig_for` writes the kubeconfig a user would have; :class:`Scheduler` plays kube-scheduler over HTTP
+(through the emulator's helpers): it binds each unbound pod to the first node that fits it by the core's predicates
+and free capacity, or marks it ``PodScheduled=False`` / ``Unschedulable``; pods bound to kwok nodes start Running.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lightkube import KubeConfig
+
+from gpuscale.core.predicates import static_fit
+from gpuscale.core.resources import Resources
+from gpuscale.fakes.kube_api import KubeAPIServer
+from gpuscale.kube.client import KubeClient
+from gpuscale.manifests.nodes import read_node
+from gpuscale.manifests.pods import read_pod
+from gpuscale.manifests.problems import Doc, Notes
+
+
+def kubeconfig_dict(url: str, token: str = "test-token") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "emulated", "cluster": {"server": url}}],
+        "users": [{"name": "gpuscale", "user": {"token": token}}],
+        "contexts": [{"name": "emulated", "context": {"cluster": "emulated", "user": "gpuscale"}}],
+        "current-context": "emulated",
+    }
+
+
+def kubeconfig_for(server: KubeAPIServer, path: Path) -> Path:
+    path.write_text(yaml.safe_dump(kubeconfig_dict(server.url)))
+    return path
+
+
+def client_for(server: KubeAPIServer) -> KubeClient:
+    return KubeClient(KubeConfig.from_dict(kubeconfig_dict(server.url)).get(), timeout_s=5.0)
+
+
+def _doc() -> Doc:
+    return Doc(source="harness", index=1, line=None, problems=[])
+
+
+class Scheduler:
+    """Binds unbound pods to fitting nodes (core predicates, free CPU, memory, GPUs) or marks them unschedulable."""
+
+    def __init__(self, server: KubeAPIServer) -> None:
+        self.server = server
+
+    def step(self) -> list[str]:
+        """One scheduling pass; returns the pod keys bound."""
+        nodes = {}
+        for obj in self.server.items("nodes"):
+            n = read_node(_doc(), obj, {})
+            if n is not None:
+                nodes[n.name] = n
+        used: dict[str, Resources] = {name: Resources() for name in nodes}
+        pods = self.server.items("pods")
+        unbound = []
+        for obj in pods:
+            phase = (obj.get("status") or {}).get("phase")
+            if phase in ("Succeeded", "Failed"):
+                continue
+            p = read_pod(_doc(), obj, Notes())
+            if p is None:
+                continue
+            if p.node_name:
+                if p.node_name in used:
+                    used[p.node_name] = used[p.node_name] + Resources(
+                        cpu_milli=p.request.cpu_milli, memory_mib=p.request.memory_mib, gpus=p.request.gpus, pods=1
+                    )
+            else:
+                unbound.append((p, obj))
+        bound = []
+        for p, obj in sorted(unbound, key=lambda x: x[0].key):
+            need = Resources(
+                cpu_milli=p.request.cpu_milli, memory_mib=p.request.memory_mib, gpus=p.request.gpus, pods=1
+            )
+            target = None
+            for name, n in sorted(nodes.items()):
+                if static_fit(p, n.labels, n.taints, n.unschedulable) is not None:
+                    continue
+                total = used[name] + need
+                a = n.allocatable
+                if total.cpu_milli <= a.cpu_milli and total.memory_mib <= a.memory_mib and total.gpus <= a.gpus:
+                    target = name
+                    break
+            if target is None:
+                cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no fit"}
+                if (obj.get("status") or {}).get("conditions") != [cond]:
+                    self.server.patch("pods", p.name, {"status": {"conditions": [cond]}}, p.namespace, status=True)
+                continue
+            used[target] = used[target] + need
+            self.server.patch("pods", p.name, {"spec": {"nodeName": target}}, p.namespace)
+            self.server.patch(
+                "pods",
+                p.name,
+                {"status": {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]}},
+                p.namespace,
+                status=True,
+            )
+            bound.append(p.key)
+        return bound
+
+    def complete(self, key: str) -> None:
+        ns, name = key.split("/", 1)
+        self.server.patch("pods", name, {"status": {"phase": "Succeeded"}}, ns, status=True)
