@@ -30,6 +30,8 @@ DISTRIBUTION = {
     "openapi_core": "openapi-core",
     "openapi_schema_validator": "openapi-schema-validator",
     "werkzeug": "werkzeug",
+    "pynvml": "nvidia-ml-py",
+    "prometheus_client": "prometheus-client",
 }
 """Import name -> distribution on PyPI, for every third-party module gpuscale imports."""
 
@@ -42,6 +44,8 @@ EXTRA_OF = {
     "httpx": "server",
     "requests": "linode",
     "linode-api4": "linode",
+    "nvidia-ml-py": "agent",
+    "prometheus-client": "agent",
 }
 """The extra each optional runtime distribution belongs to (the feature that imports it)."""
 

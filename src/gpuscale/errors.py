@@ -15,6 +15,13 @@ what to do from the class and :attr:`GpuscaleError.retry` alone.
         ├── InvalidProviderRequest      400: our request is wrong (carries the API's ``field`` and ``reason``)
         ├── AuthenticationError         401/403 or a missing token: do not retry, report
         └── NotFound                    404 on a resource we expected: treat as already gone
+    └── MetricsError                    a metrics query failed: retried at a later poll, never by sleeping
+        ├── MetricsUnavailable          connection refused, timeout, 5xx, an unreadable answer: back off
+        ├── QueryRejected               Prometheus refused the query (bad_data, execution): fix the query
+        └── MetricDataError             the answer is not one usable number
+            ├── NoData                  no series matched
+            ├── TooManySeries           several series where one was expected: aggregate the query
+            └── NotANumber              NaN or ±Inf
 """
 
 from __future__ import annotations
@@ -154,3 +161,57 @@ class NotFound(ProviderError):
     """The resource does not exist (any more)."""
 
     retry = RetryPolicy(RetryKind.NEVER)
+
+
+class MetricsError(GpuscaleError):
+    """A metrics query failed. ``query`` is the PromQL, ``server`` the base URL. The caller retries at its next poll
+    (the retry policy says how eagerly); nothing here sleeps."""
+
+    retry = RetryPolicy(RetryKind.BACKOFF, delay_s=5.0, max_attempts=0)
+
+    def __init__(self, message: str, *, query: str = "", server: str = "", status: int | None = None) -> None:
+        self.query = query
+        self.server = server
+        self.status = status
+        super().__init__(f"{message} (query {shorten(query, 200)!r})" if query else message)
+
+
+class MetricsUnavailable(MetricsError):
+    """The metrics server could not be reached or answered with a server error or an unreadable body."""
+
+
+class QueryRejected(MetricsError):
+    """The server refused the query (``error_type`` is Prometheus's ``errorType``, e.g. ``bad_data``). Never retried
+    unchanged: the query must be fixed."""
+
+    retry = RetryPolicy(RetryKind.NEVER)
+
+    def __init__(
+        self, message: str, *, error_type: str = "", query: str = "", server: str = "", status: int | None = None
+    ) -> None:
+        self.error_type = error_type
+        super().__init__(message, query=query, server=server, status=status)
+
+
+class MetricDataError(MetricsError):
+    """The query ran but its answer is not one usable number."""
+
+    retry = RetryPolicy(RetryKind.BACKOFF, delay_s=5.0, max_attempts=0)
+
+
+class NoData(MetricDataError):
+    """No series matched (the exporter may not be scraped yet, or the selector is wrong)."""
+
+
+class TooManySeries(MetricDataError):
+    """Several series where one was expected. ``count`` series came back: aggregate the query (sum, avg, max)."""
+
+    retry = RetryPolicy(RetryKind.NEVER)
+
+    def __init__(self, message: str, *, count: int, query: str = "", server: str = "") -> None:
+        self.count = count
+        super().__init__(message, query=query, server=server)
+
+
+class NotANumber(MetricDataError):
+    """The value is NaN or infinite (e.g. a ratio over an idle denominator)."""
