@@ -122,3 +122,23 @@ def test_helpers() -> None:
         parse_seeds("x")
     assert workload_name("../x/openb_pod_list_gpushare40.csv.gz") == "gpushare40"
     assert workload_name("mine.csv") == "mine"
+
+
+@needs_data
+def test_the_multigpu_rule_rebuilds_the_shipped_multigpu20_from_default() -> None:
+    from gpuscale.bench.openb import load_workload, multigpu_variant
+
+    nodes = DATA / "openb_node_list_gpu_node.csv.gz"
+    _, default = load_workload(nodes, DATA / "openb_pod_list_default.csv.gz")
+    _, shipped = load_workload(nodes, DATA / "openb_pod_list_multigpu20.csv.gz")
+
+    def multi_share(reqs: list[Request]) -> float:
+        return 100 * sum(r.gpu_demand_milli for r in reqs if r.gpus >= 2) / sum(r.gpu_demand_milli for r in reqs)
+
+    built = multigpu_variant(default, multi_share(shipped))
+    assert built[: len(default)] == default  # every pod kept, in order
+    added, shipped_added = len(built) - len(default), len(shipped) - len(default)  # 172 in the shipped file
+    assert abs(added - shipped_added) <= 0.05 * shipped_added  # sampled sizes (2, 4, 8 GPUs) vary with the seed
+    for pct in (30, 40, 50):
+        assert pct <= multi_share(multigpu_variant(default, pct)) < pct + 1
+    assert multigpu_variant(default, 30) == multigpu_variant(default, 30)  # one fixed file per share

@@ -186,3 +186,24 @@ def test_registry_names_and_errors() -> None:
         assert factory().name == name
     with pytest.raises(KeyError, match="unknown scorer"):
         make_scorer("nope")
+
+
+def test_fgd_scores_like_the_paper_simulator_integer_sigmoid_ties_to_the_lowest_row() -> None:
+    # A 100-milli fraction: on node a (GPU0 has 800 left) it leaves the fragmentation as it is (drop 0); on node b
+    # (GPU0 has 400 left, too small for the 650-milli shape) it shrinks that fragment by 100 x 10 % (drop 10). The exact
+    # score prefers b; the simulator's integer score int(100 * sigmoid(drop / 1000)) is 50 on both, and the lowest
+    # row wins.
+    state = ClusterState([node("a", 64000, 65536, 2, "T4"), node("b", 64000, 65536, 2, "T4")])
+    state.place(Request(cpu_milli=1, memory_mib=1, gpu_milli=200), 0)
+    state.place(Request(cpu_milli=1, memory_mib=1, gpu_milli=600), 1)
+    pod = Request(cpu_milli=1, memory_mib=1, gpu_milli=100)
+    wl = Workload.from_requests([pod] * 9 + [Request(cpu_milli=1, memory_mib=1, gpu_milli=650)])
+    quantized, exact = FGD(), FGD(quantize=False)
+    for s in (quantized, exact):
+        s.prepare(state, wl)
+    cand = np.array([0, 1])
+    assert exact.score(state, pod, cand).tolist() == pytest.approx([0.0, 10.0])
+    assert quantized.score(state, pod, cand).tolist() == [50.0, 50.0]
+    assert select(exact, state, pod, cand) == 1
+    assert select(quantized, state, pod, cand) == 0
+    assert quantized.gpus_for(state, pod, 1) == (0,)  # the first GPU of the best integer score

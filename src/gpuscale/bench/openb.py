@@ -296,6 +296,37 @@ def run_bench(
     return BenchResult(workload, scorer_name, runs, time.perf_counter() - t0, published)
 
 
+VARIANT_SEED = 0
+"""Seed of the sampling that builds a multi-GPU variant (fixed, so a variant is the same file for every run)."""
+
+
+def multigpu_variant(requests: Sequence[Request], share_pct: float, seed: int = VARIANT_SEED) -> list[Request]:
+    """The openb rule for multi-GPU-heavy workloads: every pod of ``requests``, plus multi-GPU pods (2 or more whole
+    GPUs) sampled with replacement from those of ``requests`` until they make ``share_pct`` % of the GPU demand.
+
+    The shipped ``multigpu20`` file is ``default`` built this way: all 8,152 pods kept, 172 multi-GPU pods added,
+    multi-GPU pods 20.4 % of the GPU demand (against 7.3 % in ``default``).
+    """
+    if not 0 < share_pct < 100:
+        raise InputError("must be a percentage above 0 and below 100", where="--multigpu", value=str(share_pct),
+                         fix="give the multi-GPU share of GPU demand, e.g. 30")  # fmt: skip
+    multi = [r for r in requests if r.gpus >= 2]
+    if not multi:
+        raise InputError("the pod list has no multi-GPU pod to sample", where="--pods",
+                         fix="use a pod list with pods of 2 or more GPUs")  # fmt: skip
+    total = sum(r.gpu_demand_milli for r in requests)
+    wanted = sum(r.gpu_demand_milli for r in multi)
+    out = list(requests)
+    rng = np.random.default_rng(seed)
+    # add until multi / total reaches the share: wanted + x >= share * (total + x)
+    while wanted * 100 < share_pct * total:
+        r = multi[int(rng.integers(0, len(multi)))]
+        out.append(r)
+        wanted += r.gpu_demand_milli
+        total += r.gpu_demand_milli
+    return out
+
+
 def load_workload(nodes: str | Path, pods: str | Path) -> tuple[list[NodeShape], list[Request]]:
     """Load a node list and a pod list (the pods' requests, in file order)."""
     return load_nodes(nodes), [p.request for p in load_pods(pods)]
@@ -364,8 +395,17 @@ def render_table(results: Sequence[BenchResult], console: Console) -> None:
     help="Place the file's pods in file order instead of shuffling them with the seed first. The "
     "published figures come from shuffled runs (the simulator's --shuffle-pod=true).",
 )
+@click.option(
+    "--multigpu",
+    type=click.FloatRange(min=0, max=100, min_open=True, max_open=True),
+    default=None,
+    help="Build a multi-GPU-heavy variant of the pod list first: add sampled multi-GPU pods until they make this "
+    "percentage of the GPU demand (the rule behind multigpu20), e.g. 30, 40, 50.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def openb_command(nodes: Path, pods: Path, scorer: str, seeds: str, file_order: bool, as_json: bool) -> None:
+def openb_command(
+    nodes: Path, pods: Path, scorer: str, seeds: str, file_order: bool, multigpu: float | None, as_json: bool
+) -> None:
     """Packing quality on the Alibaba openb GPU trace, with the FGD paper's protocol."""
     try:
         seed_list = parse_seeds(seeds)
@@ -379,10 +419,12 @@ def openb_command(nodes: Path, pods: Path, scorer: str, seeds: str, file_order: 
                 fix=f"use one of {', '.join(sorted(SCORERS))}, all",
             )
         shapes, requests = load_workload(nodes, pods)
+        if multigpu is not None:
+            requests = multigpu_variant(requests, multigpu)
     except InputError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    workload = workload_name(pods)
+    workload = workload_name(pods) if multigpu is None else f"multigpu{multigpu:g} (built from {workload_name(pods)})"
     console = Console(stderr=as_json)
     results = []
     for name in names:

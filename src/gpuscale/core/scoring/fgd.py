@@ -182,12 +182,21 @@ class RowCache:
 
 
 class FGD:
-    """Minus the growth of expected GPU fragmentation on the node if the request is placed there."""
+    """Minus the growth of expected GPU fragmentation on the node if the request is placed there.
+
+    With ``quantize`` (the default), the score is the paper simulator's integer node score: the fragmentation drop in
+    GPUs through a sigmoid, times 100, truncated (``int(100 / (1 + exp(-(before - after) / 1000)))``); nodes whose
+    drops fall in the same integer tie, and the caller takes the first (lowest-row) node of the best score, as the
+    simulator takes the lowest node name. Coarse scores make FGD fill low rows first among near-equal choices instead
+    of spreading onto empty nodes for a few milli-GPU of difference. A fraction goes to the first GPU of the best
+    integer score on the chosen node. ``quantize=False`` scores the exact drop (ties still to the lowest row).
+    """
 
     name = "fgd"
 
-    def __init__(self, coverage: float = 0.95) -> None:
+    def __init__(self, coverage: float = 0.95, quantize: bool = True) -> None:
         self.coverage = coverage
+        self.quantize = quantize
         self._shapes: TypicalShapes | None = None
         self._cache = RowCache()
 
@@ -197,39 +206,53 @@ class FGD:
         self._cache.reset(state)
 
     def score(self, state: ClusterState, req: Request, candidates: IntArray) -> FloatArray:
-        """Fragmentation before minus after placement, per candidate (higher is better)."""
-        if self._shapes is None:
-            self.prepare(state, None)
-        shapes = self._shapes
-        assert shapes is not None
-        cache = self._cache
-        cache.sync(state)
-        before, rows = cache.stale("before", candidates)
-        if rows.size:
-            left = gpu_left(state, rows)
-            before[rows] = expected_fragmentation(shapes, left, state.cpu_free[rows], state.model_idx[rows])
+        """The node score per candidate (higher is better): the integer score, or fragmentation before minus after."""
+        self._cache.sync(state)
+        before = self._before(state, candidates)
         after, _ = self._after(state, req, candidates)
-        return before[candidates] - after[candidates]
+        result: FloatArray = -after[candidates] if self.quantize else before[candidates] - after[candidates]
+        return result
 
     def gpus_for(self, state: ClusterState, req: Request, node: int) -> tuple[int, ...] | None:
-        """The GPU FGD would give a fractional ``req`` on ``node`` (least fragmentation; None for other requests)."""
+        """The GPU FGD would give a fractional ``req`` on ``node`` (None for other requests)."""
         if not req.gpu_milli:
             return None
         self._cache.sync(state)
-        _, choice = self._after(state, req, np.array([node], dtype=np.int64))
+        rows = np.array([node], dtype=np.int64)
+        self._before(state, rows)
+        _, choice = self._after(state, req, rows)
         return (int(choice[node]),) if choice[node] >= 0 else None
 
+    def _before(self, state: ClusterState, rows: IntArray) -> FloatArray:
+        """Expected fragmentation of ``rows`` as they are (cached per row version)."""
+        shapes = self._shapes
+        if shapes is None:
+            self.prepare(state, None)
+            shapes = self._shapes
+        assert shapes is not None
+        before, stale = self._cache.stale("before", rows)
+        if stale.size:
+            left = gpu_left(state, stale)
+            before[stale] = expected_fragmentation(shapes, left, state.cpu_free[stale], state.model_idx[stale])
+        return before
+
     def _after(self, state: ClusterState, req: Request, rows: IntArray) -> tuple[FloatArray, FloatArray]:
-        """Fragmentation after placing ``req`` on each of ``rows`` (best GPU for a fraction), and that GPU."""
+        """Per row after placing ``req`` (the best GPU for a fraction): the fragmentation, or with ``quantize``
+        minus the integer score; and that GPU. ``_before`` must be current for ``rows``."""
         shapes = self._shapes
         assert shapes is not None
         key = (req.cpu_milli, req.gpus, req.gpu_milli)
         after, stale = self._cache.stale(key, rows)
         choice, _ = self._cache.stale(("gpu", *key), rows)
         if stale.size:
+            before = self._cache.values["before"][0][stale]
 
             def evaluate(left: IntArray, cpu: IntArray, mem: IntArray, model: IntArray) -> FloatArray:
-                return expected_fragmentation(shapes, left, cpu, model)
+                frag = expected_fragmentation(shapes, left, cpu, model)
+                if not self.quantize:
+                    return frag
+                drop = (before - frag) / MILLI_PER_GPU
+                return -np.floor(100.0 / (1.0 + np.exp(-drop)))
 
             after[stale], choice[stale] = lowest_after(state, req, stale, evaluate)
         return after, choice
