@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-import gpuscale.controller.loop as loop
+import gpuscale.controller.config as controller_config
 from builders import OD, catalog, itype
 from gpuscale.controller.loop import ControllerConfig, EventKind
 from gpuscale.core.disruption import DisruptionReason, KeepReason
@@ -126,7 +126,7 @@ def test_every_event_kind_is_documented() -> None:
 
 def _policy_keys() -> tuple[set[str], set[str]]:
     """(keys ``ControllerConfig.from_policy`` accepts, those of them it ignores), found by asking it."""
-    tree = ast.parse(inspect.getsource(loop))
+    tree = ast.parse(inspect.getsource(controller_config))
     words = {
         n.value
         for n in ast.walk(tree)

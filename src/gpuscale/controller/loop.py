@@ -26,16 +26,17 @@ replays the same id and the provider's idempotency returns the node it already m
 
 from __future__ import annotations
 
-import hashlib
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuscale.clock import Clock
+from gpuscale.controller.availability import Availability
 from gpuscale.controller.backend import ClusterBackend, Event
 from gpuscale.controller.claims import ClaimTable
+from gpuscale.controller.config import ControllerConfig
+from gpuscale.controller.launcher import Launcher, apply_mark
 from gpuscale.core import labels as L
 from gpuscale.core.disruption import (
     SPOT_FALLBACK_LABEL,
@@ -64,234 +65,48 @@ from gpuscale.core.model import (
     Taint,
 )
 from gpuscale.core.nodeclaim import (
-    DEFAULT_DEADLINES,
     IN_FLIGHT,
     REQUEST_ID_LABEL,
     TIMED_PHASES,
     ClaimEvent,
     ClaimPhase,
-    Deadlines,
     NodeClaim,
     deadline,
-    expired,
     new_claim,
-    timeout_event,
     transition,
 )
 from gpuscale.core.plan import BlockReason, PlannerConfig, ScaleUpPlan
 from gpuscale.core.predicates import static_fit
-from gpuscale.core.resources import Resources
-from gpuscale.core.scoring import SCORERS
-from gpuscale.core.templates import template_allocatable, template_labels
-from gpuscale.errors import (
-    CapacityError,
-    InputError,
-    InvalidProviderRequest,
-    NotFound,
-    ProviderError,
-    QuotaExceeded,
-    RateLimited,
+from gpuscale.core.reconcile import (
+    ClearRetry,
+    Cordon,
+    Decisions,
+    DrainStarted,
+    DropReplacement,
+    EventKind,
+    FinishClaim,
+    Fleet,
+    MarkUnavailable,
+    Note,
+    Outcome,
+    SetClaim,
+    expire_deadlines,
+    find_node,
+    on_provider_events,
+    progress_replacements,
+    retry_delay,
+    start_drain,
+    sync_claims,
 )
-from gpuscale.manifests.quantity import DURATION_HELP, parse_duration
-from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, Provider, ProviderEvent, ProviderEventKind
+from gpuscale.core.resources import Resources
+from gpuscale.core.templates import template_allocatable, template_labels
+from gpuscale.errors import NotFound, ProviderError
+from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, Provider, ProviderEvent
+
+__all__ = ["Controller", "ControllerConfig", "EventKind", "ReconcileResult", "make_controller"]
 
 PlanFn = Callable[[Snapshot, PlannerConfig, float], ScaleUpPlan]
 """The planner's signature (:func:`gpuscale.core.planner.plan`)."""
-
-
-class EventKind(StrEnum):
-    """``Event.kind`` values the controller records."""
-
-    SCALE_UP = "ScaleUp"
-    BLOCKED = "Blocked"
-    LAUNCH_FAILED = "LaunchFailed"
-    LAUNCH_RETRY = "LaunchRetry"
-    OFFERING_UNAVAILABLE = "OfferingUnavailable"
-    SPOT_FALLBACK = "SpotFallback"
-    BACKOFF = "Backoff"
-    REGISTERED = "NodeRegistered"
-    INITIALIZED = "NodeInitialized"
-    TIMEOUT = "NodeClaimTimeout"
-    ADOPTED = "NodeClaimAdopted"
-    LOST = "NodeLost"
-    GONE = "NodeGone"
-    CONSOLIDATE = "Consolidate"
-    REPLACE_ABORTED = "ReplaceAborted"
-    DISRUPTION_BLOCKED = "DisruptionBlocked"
-    SPOT_INTERRUPTION = "SpotInterruption"
-    NODE_FAILED = "NodeFailed"
-    DRAIN = "Drain"
-    EVICT = "Evict"
-    EVICT_BLOCKED = "EvictBlocked"
-    DELETE = "NodeDelete"
-    ORPHAN = "OrphanNodeRemoved"
-    OBSERVE_FAILED = "ObserveFailed"
-
-
-@dataclass(frozen=True, slots=True)
-class ControllerConfig:
-    """Knobs of the reconcile loop (times in seconds)."""
-
-    batch_idle_s: float = 1.0
-    """A batch of pending pods closes this long after the last new pending pod..."""
-    batch_max_s: float = 10.0
-    """...or this long after it opened."""
-    planner: PlannerConfig = field(default_factory=PlannerConfig)
-    deadlines: Deadlines = DEFAULT_DEADLINES
-    pool_deadlines: Mapping[str, Deadlines] = field(default_factory=dict)
-    """Per-pool overrides of ``deadlines``."""
-    unavailable_ttl_s: float = 180.0
-    """How long an offering stays unavailable after insufficient capacity, a registration timeout, or a spot
-    interruption."""
-    gpu_init_unavailable_ttl_s: float = 1800.0
-    """How long an (instance type, zone) stays unavailable after a node whose GPUs never appeared."""
-    quota_backoff_s: float = 60.0
-    """First back-off of a pool after a quota error; doubles per consecutive error up to ``max_backoff_s``."""
-    max_backoff_s: float = 600.0
-    retry_base_s: float = 2.0
-    """First retry delay of a launch or delete after a transient error (doubles per attempt)."""
-    delete_recheck_s: float = 120.0
-    """After the provider accepted a delete, look again this long later and repeat the delete if the node is still
-    listed and not deleting (a lost request); once it shows as deleting, look again every ``max_backoff_s``."""
-    replan_interval_s: float = 30.0
-    """Re-plan unchanged pending pods at least this often."""
-    max_replans: int = 6
-    """Re-plans within one reconcile after capacity errors."""
-    disruption_interval_s: float = 10.0
-    consolidation_refresh_s: float = 300.0
-    """Re-evaluate consolidation at least this often even when nothing changed (cron budget windows)."""
-    consolidation_retry_s: float = 300.0
-    """A node kept for a reason only a cluster change can lift (its pods fit nowhere cheaper, a budget, a PDB) is
-    re-simulated after this long, or sooner when room appears, a disruption ends, offerings or its pods change."""
-    consolidation: bool = True
-    replace_nodes: bool = True
-    """Consolidation may replace a node by a cheaper one (False: only delete nodes whose pods fit elsewhere)."""
-    lost_grace_s: float = 30.0
-    """A just-launched node missing from the provider's list is only considered lost after this long."""
-    orphan_grace_s: float = 30.0
-    """A node labelled with a request id the provider does not list is deleted after this long."""
-    request_id_prefix: str = "gs"
-
-    def deadlines_for(self, pool: str) -> Deadlines:
-        """The deadlines of ``pool``."""
-        return self.pool_deadlines.get(pool, self.deadlines)
-
-    @staticmethod
-    def from_policy(policy: Mapping[str, Any] | None, where: str = "policy") -> ControllerConfig:
-        """Build from a scenario's ``policy`` mapping (camelCase keys, durations as seconds or ``"5m"``).
-
-        Durations: ``batchIdle``, ``batchMax``, ``unavailableTtl``, ``gpuInitUnavailableTtl``, ``quotaBackoff``,
-        ``maxBackoff``, ``retryBase``, ``replanInterval``, ``disruptionInterval``, ``consolidationRefresh``,
-        ``consolidationRetry``, ``lostGrace``, ``orphanGrace``, ``solverTimeLimit``. Others: ``maxReplans``,
-        ``consolidation``, ``replaceNodes``, ``requestIdPrefix``, ``scorer``, ``exactSolver``, ``deadlines``
-        (``launch``, ``registration``, ``gpuInit``) and ``poolDeadlines`` (pool name -> deadlines). ``name`` and
-        ``reconcileInterval`` belong to the simulator and are ignored. Anything else raises
-        :class:`~gpuscale.errors.InputError`.
-        """
-        policy = dict(policy or {})
-        kw: dict[str, Any] = {}
-        planner: dict[str, Any] = {}
-        for key, value in policy.items():
-            path = f"{where}.{key}"
-            if key in ("name", "reconcileInterval", "settle"):
-                continue
-            if key in _DURATION_KEYS:
-                kw[_DURATION_KEYS[key]] = _duration(value, path)
-            elif key == "maxReplans":
-                kw["max_replans"] = _int(value, path)
-            elif key == "consolidation":
-                kw["consolidation"] = _bool(value, path)
-            elif key == "replaceNodes":
-                kw["replace_nodes"] = _bool(value, path)
-            elif key == "requestIdPrefix":
-                if not isinstance(value, str) or not value:
-                    raise InputError("must be a non-empty string", where=path, value=value, fix='e.g. "gs"')
-                kw["request_id_prefix"] = value
-            elif key == "scorer":
-                if value not in SCORERS:
-                    raise InputError("unknown scorer", where=path, value=value, fix=f"use one of {', '.join(SCORERS)}")
-                planner["scorer"] = str(value)
-            elif key == "exactSolver":
-                planner["exact_solver"] = _bool(value, path)
-            elif key == "solverTimeLimit":
-                planner["solver_time_limit_s"] = _duration(value, path)
-            elif key == "deadlines":
-                kw["deadlines"] = _deadlines(value, path)
-            elif key == "poolDeadlines":
-                if not isinstance(value, Mapping):
-                    raise InputError("must map pool names to deadlines", where=path, value=value)
-                kw["pool_deadlines"] = {str(k): _deadlines(v, f"{path}.{k}") for k, v in value.items()}
-            else:
-                known = sorted([*_DURATION_KEYS, "maxReplans", "consolidation", "replaceNodes", "requestIdPrefix"])
-                known += [
-                    "scorer",
-                    "exactSolver",
-                    "solverTimeLimit",
-                    "deadlines",
-                    "poolDeadlines",
-                    "name",
-                    "settle",
-                    "reconcileInterval",
-                ]
-                raise InputError("unknown policy setting", where=path, value=key, fix=f"use one of {', '.join(known)}")
-        if planner:
-            kw["planner"] = replace(PlannerConfig(), **planner)
-        return ControllerConfig(**kw)
-
-
-_DURATION_KEYS = {
-    "batchIdle": "batch_idle_s",
-    "batchMax": "batch_max_s",
-    "unavailableTtl": "unavailable_ttl_s",
-    "gpuInitUnavailableTtl": "gpu_init_unavailable_ttl_s",
-    "quotaBackoff": "quota_backoff_s",
-    "maxBackoff": "max_backoff_s",
-    "retryBase": "retry_base_s",
-    "deleteRecheck": "delete_recheck_s",
-    "replanInterval": "replan_interval_s",
-    "disruptionInterval": "disruption_interval_s",
-    "consolidationRefresh": "consolidation_refresh_s",
-    "consolidationRetry": "consolidation_retry_s",
-    "lostGrace": "lost_grace_s",
-    "orphanGrace": "orphan_grace_s",
-}
-
-
-def _duration(value: object, where: str) -> float:
-    if isinstance(value, bool):
-        raise InputError("must be a duration", where=where, value=value, fix=DURATION_HELP)
-    if isinstance(value, int | float):
-        if value < 0 or not math.isfinite(value):
-            raise InputError("must be a non-negative number of seconds", where=where, value=value, fix=DURATION_HELP)
-        return float(value)
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise InputError(f"not a duration ({exc})", where=where, value=value, fix=DURATION_HELP) from None
-
-
-def _int(value: object, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError("must be a positive integer", where=where, value=value, fix="e.g. 6")
-    return value
-
-
-def _bool(value: object, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise InputError("must be true or false", where=where, value=value, fix="write true or false")
-    return value
-
-
-def _deadlines(value: object, where: str) -> Deadlines:
-    if not isinstance(value, Mapping):
-        raise InputError("must be a mapping", where=where, value=value, fix="e.g. {launch: 5m, gpuInit: 10m}")
-    names = {"launch": "launch_s", "registration": "registration_s", "gpuInit": "gpu_init_s"}
-    kw: dict[str, float] = {}
-    for k, v in value.items():
-        if k not in names:
-            raise InputError("unknown deadline", where=f"{where}.{k}", value=k, fix="use launch, registration, gpuInit")
-        kw[names[k]] = _duration(v, f"{where}.{k}")
-    return Deadlines(**kw)
 
 
 @dataclass(slots=True)
@@ -305,12 +120,6 @@ class ReconcileResult:
     evicted: int = 0
     deleted: int = 0
     observe_failed: bool = False
-
-
-@dataclass(slots=True)
-class _Backoff:
-    until: float
-    failures: int
 
 
 @dataclass(slots=True)
@@ -379,21 +188,9 @@ def _default_planner() -> PlanFn:
     return plan
 
 
-class _Outcome(StrEnum):
-    OK = "ok"
-    RETRY = "retry"
-    CAPACITY = "capacity"
-    QUOTA = "quota"
-    FAILED = "failed"
-    GUARD = "guard"
-    BURNT = "burnt"
-
-
 _LIVE_PHASES = ("Pending", "Running", "")
-_ADVANCING = frozenset({ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED})
 _LEAVING = frozenset({ClaimPhase.DRAINING, ClaimPhase.DELETING, ClaimPhase.FAILED})
 """Claim phases whose node is on its way out (takes no pods, counts against disruption budgets)."""
-"""Claim phases that move on when the cluster shows the node (registered, GPUs allocatable)."""
 _STATIC_BLOCKS = frozenset(
     {BlockReason.TOO_LARGE, BlockReason.NO_MATCHING_POOL, BlockReason.TAINT_NOT_TOLERATED, BlockReason.INVALID_REQUEST}
 )
@@ -427,6 +224,7 @@ class Controller:
         config: ControllerConfig | None = None,
         *,
         planner: PlanFn | None = None,
+        availability: Availability | None = None,
     ) -> None:
         self.backend = backend
         self.provider = provider
@@ -438,13 +236,18 @@ class Controller:
         self._types: dict[str, InstanceType] = catalog.by_name()
         self.claims = ClaimTable()
         """Live node claims by request id (indexed by phase)."""
-        self.unavailable: dict[OfferingKey, float] = {}
-        """Offerings not to be bought until the given time."""
-        self._burnt: set[str] = set()
-        self._pool_backoff: dict[str, _Backoff] = {}
-        self._retry_at: dict[str, float] = {}
-        self._attempts: dict[str, int] = {}
-        self._spot_fallback_until: dict[str, float] = {}
+        self.availability = availability if availability is not None else Availability()
+        """Offerings not to be bought, pool back-offs and spot fallbacks, each until a time (kept by its store across
+        restarts)."""
+        self.availability.expire(clock.now())
+        self._rules = self.config.rules()
+        self._fleet = Fleet(self.pools, self._types)
+        self._now = clock.now()
+        """The time of the current round (notes from the launcher are stamped with it)."""
+        self.launcher = Launcher(
+            provider, self.availability, self.config.launch_rules(), self._note, prefix=self.config.request_id_prefix
+        )
+        """Request ids, launches and their retries at due times."""
         self._involuntary: set[str] = set()
         self._replacements: dict[str, tuple[tuple[str, ...], DisruptionAction]] = {}
         self._since: dict[str, float] = {}
@@ -484,6 +287,11 @@ class Controller:
         self._delete_retry_at: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------------------------ public
+    @property
+    def unavailable(self) -> Mapping[OfferingKey, float]:
+        """Offerings not to be bought until the given time (read-only; see :attr:`availability`)."""
+        return self.availability.offerings
+
     def reconcile(self) -> ReconcileResult:
         """One observe -> decide -> act round."""
         result, world = self._begin_round()
@@ -515,6 +323,7 @@ class Controller:
         The world is None (and the result says so) when observing failed."""
         self._wake_times = None
         now = self.clock.now()
+        self._now = now
         result = ReconcileResult(at=now)
         world = self._observe(now)
         if world is None:
@@ -548,13 +357,11 @@ class Controller:
             unlisted = self.claims.get(key)
             if unlisted is not None and unlisted.phase is ClaimPhase.LAUNCHED:
                 times.append(unlisted.since + self.config.lost_grace_s)
-        times += self._retry_at.values()
+        times += self.launcher.wake_times()
         times += self._delete_retry_at.values()
         times += [t + self.config.orphan_grace_s for t in self._orphan_since.values()]
         if self._seen_pending:
-            times += [b.until for b in self._pool_backoff.values()]
-            times += self.unavailable.values()
-            times += self._spot_fallback_until.values()
+            times += self.availability.expiries()
         for name, t in self._since.items():
             pool = self._pool_of_node(name)
             if pool is not None:
@@ -593,315 +400,100 @@ class Controller:
         return node
 
     # --------------------------------------------------------------------------------------------- claims
-    def _backend_node(self, claim: NodeClaim, w: _World) -> Node | None:
-        if claim.node_name and claim.node_name in w.nodes:
-            return w.nodes[claim.node_name]
-        for n in w.nodes.values():
-            if n.labels.get(REQUEST_ID_LABEL) == claim.request_id:
-                return n
-        return None
-
     def _sync_claims(self, w: _World) -> None:
-        now = w.now
         if self._synced is not None and self._synced == (self._listed_cloud[0], self.claims.version):
             return  # the same provider list and claims as after the last sync that learnt nothing: nothing to learn
         self._synced = None
-        learnt = False
-        seen: set[str] = set()
-        for cn in w.cloud:
-            key = cn.request_id or cn.node_id
-            existing = self.claims.get(key)
-            if (
-                existing is not None
-                and existing.node_id == cn.node_id
-                and existing.phase is not ClaimPhase.REQUESTED
-                and existing.phase not in _ADVANCING
-                and existing.node_name
-                and (not cn.node_name or existing.node_name == cn.node_name)
-            ):
-                seen.add(key)  # nothing to learn from this node
-                continue
-            learnt = True
-            if existing is not None and existing.node_id and existing.node_id != cn.node_id:
-                key = f"{key}#{cn.node_id}"
-                existing = self.claims.get(key)
-            if existing is None:
-                claim = self._adopt(key, cn, w)
-            else:
-                claim = existing
-                if claim.phase is ClaimPhase.REQUESTED:
-                    claim = transition(claim, ClaimEvent.LAUNCHED, now, node_id=cn.node_id, node_name=cn.node_name)
-                    self._retry_at.pop(key, None)
-                if not claim.node_id or (cn.node_name and claim.node_name != cn.node_name):
-                    claim = replace(claim, node_id=cn.node_id, node_name=cn.node_name or claim.node_name)
-            seen.add(key)
-            self.claims[key] = self._advance(claim, w)
-        self._unlisted = set()
-        if len(seen) + self.claims.count(ClaimPhase.REQUESTED) == len(self.claims):
-            # every claim was listed, or is still Requested (seen claims are never Requested)
-            if not learnt and self._listed_cloud[0] is not None:
-                # every listed node matched its settled claim, which depends on neither the time nor the cluster
-                self._synced = (self._listed_cloud[0], self.claims.version)
-            return
-        for key, claim in list(self.claims.items()):
-            if key in seen or claim.phase is ClaimPhase.REQUESTED:
-                continue
-            if claim.phase is ClaimPhase.LAUNCHED and now - claim.since < self.config.lost_grace_s:
-                self._unlisted.add(key)  # not listed yet (eventual consistency): lost only after the grace period
-                continue
-            if claim.phase is ClaimPhase.DELETING:
-                self._finish(key, transition(claim, ClaimEvent.DELETED, now, reason="provider no longer lists it"))
-                self._record(now, EventKind.GONE, f"node/{claim.node_name or key}", "Deleted", "node is gone")
-            elif claim.phase is not ClaimPhase.FAILED:
-                self._finish(key, transition(claim, ClaimEvent.LOST, now, reason="provider no longer lists it"))
-                self._record(
-                    now,
-                    EventKind.LOST,
-                    f"node/{claim.node_name or key}",
-                    "NodeLost",
-                    f"node of claim {key} ({claim.phase}) vanished without gpuscale deleting it",
-                    request_id=key,
-                )
-                self._force_plan = True
+        d = sync_claims(
+            self.claims,
+            w.cloud,
+            w.nodes,
+            self._fleet,
+            self._rules,
+            w.now,
+            requested=self.claims.count(ClaimPhase.REQUESTED),
+        )
+        self._apply(d, w)
+        self._unlisted = d.unlisted
+        if d.settled and self._listed_cloud[0] is not None:
+            # every listed node matched its settled claim, which depends on neither the time nor the cluster
+            self._synced = (self._listed_cloud[0], self.claims.version)
+
+    def _apply(self, d: Decisions, w: _World) -> None:
+        """Carry out a pure decision record, in order."""
+        now = w.now
+        for a in d.actions:
+            if isinstance(a, SetClaim):
+                self.claims[a.key] = a.claim
+            elif isinstance(a, Note):
+                self._record(now, a.kind, a.object, a.reason, a.message, **a.data)
+            elif isinstance(a, FinishClaim):
+                self._finish(a.key, a.claim)
+            elif isinstance(a, MarkUnavailable):
+                apply_mark(self.availability, a, now, self._note)
+            elif isinstance(a, Cordon):
+                self.backend.cordon(a.node_name)
+                node = w.nodes.get(a.node_name)
+                if node is not None:
+                    w.nodes[a.node_name] = replace(node, unschedulable=True)
+            elif isinstance(a, DrainStarted):
+                if a.involuntary:
+                    self._involuntary.add(a.key)
+                self._since.pop(a.node_name, None)
+            elif isinstance(a, ClearRetry):
+                self.launcher.listed(a.key)
+            elif isinstance(a, DropReplacement):
+                self._replacements.pop(a.old_node, None)
+        if d.replan:
+            self._force_plan = True
 
     def _finish(self, key: str, claim: NodeClaim) -> None:
         """Drop a claim that reached Gone; its request id is never reused."""
         del self.claims[key]
-        self._burnt.add(key)
-        self._retry_at.pop(key, None)
-        self._attempts.pop(key, None)
+        self.launcher.forget(key)
         self._involuntary.discard(key)
         self._delete_retry_at.pop(key, None)
         if claim.node_name:
             self._since.pop(claim.node_name, None)
             self._reported.pop(f"node/{claim.node_name}", None)
 
-    def _adopt(self, key: str, cn: CloudNode, w: _World) -> NodeClaim:
-        now = w.now
-        pool = self.pools.get(cn.pool)
-        it = self._types.get(cn.instance_type)
-        expected = template_allocatable(pool, it) if pool is not None and it is not None else Resources()
-        price = self._price(cn.instance_type, cn.zone, cn.capacity_type)
-        node = w.nodes.get(cn.node_name) if cn.node_name else None
-        if cn.state is CloudNodeState.DELETING:
-            phase = ClaimPhase.DELETING
-        elif node is not None and node.unschedulable:
-            phase = ClaimPhase.DRAINING
-        elif node is not None:
-            phase = ClaimPhase.REGISTERED
-        else:
-            phase = ClaimPhase.LAUNCHED
-        since = cn.created_at if phase is ClaimPhase.LAUNCHED and cn.created_at > 0 else now
-        claim = replace(
-            new_claim(
-                key,
-                cn.pool,
-                cn.instance_type,
-                cn.zone,
-                cn.capacity_type,
-                cn.created_at or now,
-                expected=expected,
-                hourly_price=price,
-                reason="Adopted",
-                deadlines=self.config.deadlines_for(cn.pool),
-            ),
-            phase=phase,
-            since=since,
-            node_id=cn.node_id,
-            node_name=cn.node_name,
-        )
-        self._record(
-            now,
-            EventKind.ADOPTED,
-            f"node/{cn.node_name or cn.node_id}",
-            str(phase),
-            f"rebuilt claim {key} from the provider ({cn.state}) and the cluster: {phase}",
-            request_id=key,
-        )
-        return claim
-
-    def _advance(self, claim: NodeClaim, w: _World) -> NodeClaim:
-        if claim.node_name and claim.phase not in _ADVANCING:
-            return claim
-        node = self._backend_node(claim, w)
-        if node is None:
-            return claim
-        if not claim.node_name:
-            claim = replace(claim, node_name=node.name)
-        if claim.phase is ClaimPhase.LAUNCHED:
-            claim = transition(claim, ClaimEvent.REGISTERED, w.now, reason="Node object registered")
-            self._record(w.now, EventKind.REGISTERED, f"node/{node.name}", "Registered", "node joined the cluster")
-        if claim.phase is ClaimPhase.REGISTERED and node.allocatable.gpus >= claim.expected.gpus:
-            claim = transition(claim, ClaimEvent.INITIALIZED, w.now, reason="GPUs allocatable")
-            self._record(
-                w.now,
-                EventKind.INITIALIZED,
-                f"node/{node.name}",
-                "Initialized",
-                f"{node.allocatable.gpus} GPU(s) allocatable" if claim.expected.gpus else "node ready (no GPUs)",
-            )
-        return claim
-
-    def _claim_by_node_id(self, node_id: str, request_id: str = "") -> tuple[str, NodeClaim] | None:
-        for key, c in self.claims.items():
-            if (node_id and c.node_id == node_id) or (request_id and key == request_id and not node_id):
-                return key, c
-        if request_id and request_id in self.claims:
-            return request_id, self.claims[request_id]
-        return None
-
     def _claim_by_node_name(self, name: str) -> tuple[str, NodeClaim] | None:
         return self.claims.by_node_name(name)
 
     # --------------------------------------------------------------------------------------- provider events
     def _handle_provider_events(self, w: _World) -> None:
-        now = w.now
-        for ev in w.events:
-            found = self._claim_by_node_id(ev.node_id, ev.request_id)
-            if ev.kind is ProviderEventKind.SPOT_INTERRUPTION:
-                if found is None:
-                    continue
-                key, c = found
-                self._mark_unavailable(
-                    OfferingKey(c.instance_type, c.zone, CapacityType.SPOT),
-                    now + self.config.unavailable_ttl_s,
-                    now,
-                    "spot interruption notice",
-                )
-                if c.phase in (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED, ClaimPhase.INITIALIZED):
-                    self._start_drain(key, c, w, "SpotInterruption", involuntary=True)
-                    self._force_plan = True
-                left = f"; reclaimed in {ev.deadline - now:.0f}s" if ev.deadline is not None else ""
-                self._record(
-                    now,
-                    EventKind.SPOT_INTERRUPTION,
-                    f"node/{c.node_name or key}",
-                    "SpotInterruption",
-                    f"interruption notice: cordon, launch replacement, drain{left}",
-                    request_id=key,
-                )
-            elif ev.kind is ProviderEventKind.LAUNCH_FAILED:
-                if found is None:
-                    continue
-                key, c = found
-                if c.phase in (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED):
-                    self.claims[key] = transition(
-                        c, ClaimEvent.LAUNCH_FAILED, now, reason=ev.message or "launch failed"
-                    )
-                    self._mark_unavailable(
-                        OfferingKey(c.instance_type, c.zone, c.capacity_type),
-                        now + self.config.unavailable_ttl_s,
-                        now,
-                        "asynchronous launch failure",
-                    )
-                    self._force_plan = True
-                    self._record(now, EventKind.LAUNCH_FAILED, f"nodeclaim/{key}", "LaunchFailed", ev.message)
-            elif ev.kind is ProviderEventKind.NODE_FAILED and found is not None:
-                key, c = found
-                if c.phase in (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED, ClaimPhase.INITIALIZED):
-                    self._start_drain(key, c, w, "NodeFailed", involuntary=True)
-                    self._force_plan = True
-                    self._record(now, EventKind.NODE_FAILED, f"node/{c.node_name or key}", "NodeFailed", ev.message)
+        if w.events:
+            self._apply(on_provider_events(self.claims, w.events, w.nodes, self._rules, w.now), w)
 
     def _start_drain(self, key: str, c: NodeClaim, w: _World, reason: str, *, involuntary: bool) -> None:
-        self.claims[key] = transition(c, ClaimEvent.DISRUPT, w.now, reason=reason)
-        if involuntary:
-            self._involuntary.add(key)
-        node = self._backend_node(c, w)
-        if node is not None and not node.unschedulable:
-            self.backend.cordon(node.name)
-            w.nodes[node.name] = replace(node, unschedulable=True)
-        self._since.pop(c.node_name, None)
-
-    def _mark_unavailable(self, key: OfferingKey, until: float, now: float, why: str) -> None:
-        if self.unavailable.get(key, -math.inf) >= until:
-            return
-        self.unavailable[key] = until
-        self._record(
-            now,
-            EventKind.OFFERING_UNAVAILABLE,
-            f"offering/{key.instance_type}/{key.zone}/{key.capacity_type}",
-            "Unavailable",
-            f"{why}: not used for {until - now:.0f}s",
-        )
+        d = Decisions()
+        start_drain(key, c, reason, w.nodes, w.now, d, involuntary=involuntary)
+        self._apply(d, w)
 
     # ------------------------------------------------------------------------------------------- deadlines
     def _check_deadlines(self, w: _World) -> None:
-        now = w.now
-        for key, c in self.claims.in_phases(TIMED_PHASES):
-            if not expired(c, now):
-                continue
-            ev = timeout_event(c)
-            assert ev is not None
-            self.claims[key] = transition(c, ev, now, reason=f"{ev} after {now - c.since:.0f}s")
-            self._force_plan = True
-            msg = f"{c.phase} for {now - c.since:.0f}s ({ev}); deleting and re-planning"
-            if ev is ClaimEvent.REGISTRATION_TIMEOUT and c.instance_type and c.zone:
-                # the re-plan tries another offering first: a node that never joined is likely to fail the same way
-                # (a launch timeout is not: it follows retries, back-offs or quota, which say nothing of the offering)
-                self._mark_unavailable(
-                    OfferingKey(c.instance_type, c.zone, c.capacity_type),
-                    now + self.config.unavailable_ttl_s,
-                    now,
-                    f"{c.node_name or key} timed out in {c.phase}",
-                )
-            if ev is ClaimEvent.GPU_INIT_TIMEOUT:
-                for ct in CapacityType:
-                    self._mark_unavailable(
-                        OfferingKey(c.instance_type, c.zone, ct),
-                        now + self.config.gpu_init_unavailable_ttl_s,
-                        now,
-                        f"GPUs of {c.node_name or key} never became allocatable",
-                    )
-            self._record(now, EventKind.TIMEOUT, f"node/{c.node_name or key}", str(ev), msg, request_id=key)
+        timed = self.claims.in_phases(TIMED_PHASES)
+        if timed:
+            self._apply(expire_deadlines(timed, self._rules, w.now), w)
 
     # -------------------------------------------------------------------------------------------- replacing
     def _progress_replacements(self, w: _World) -> None:
         """Drain a replaced node once all its replacements are initialised; keep it if one of them fails."""
-        for old_name, (rids, action) in list(self._replacements.items()):
-            found = self._claim_by_node_name(old_name)
-            new = [self.claims.get(rid) for rid in rids]
-            if found is None or found[1].phase is not ClaimPhase.INITIALIZED:
-                del self._replacements[old_name]
-                continue
-            failed = [
-                rid
-                for rid, c in zip(rids, new, strict=True)
-                if c is None or c.phase in (ClaimPhase.FAILED, ClaimPhase.GONE, ClaimPhase.DRAINING)
-            ]
-            if failed:
-                del self._replacements[old_name]
-                self._record(
-                    w.now,
-                    EventKind.REPLACE_ABORTED,
-                    f"node/{old_name}",
-                    "ReplacementFailed",
-                    f"replacement {', '.join(failed)} did not come up; node kept",
-                )
-                continue
-            if all(c is not None and c.phase is ClaimPhase.INITIALIZED for c in new):
-                del self._replacements[old_name]
-                key, c = found
-                self._start_drain(key, c, w, str(action.reason), involuntary=False)
-                names = ", ".join(str(c.node_name) for c in new if c is not None)
-                self._record(
-                    w.now,
-                    EventKind.DRAIN,
-                    f"node/{old_name}",
-                    str(action.reason),
-                    f"replacement {names} {'is' if len(new) == 1 else 'are'} ready; draining",
-                )
+        if not self._replacements:
+            return
+        reps = {old: (rids, str(action.reason)) for old, (rids, action) in self._replacements.items()}
+        self._apply(progress_replacements(reps, self.claims, self.claims.by_node_name, w.nodes, w.now), w)
 
     # ----------------------------------------------------------------------------------------------- scale up
     def _retry_requested(self, w: _World, result: ReconcileResult) -> None:
         for key, c in self.claims.in_phases((ClaimPhase.REQUESTED,)):
-            if self._retry_at.get(key, -math.inf) <= w.now:
-                if self._backed_off(c.pool, w.now):
+            if self.launcher.due(key, w.now):
+                if self.availability.backed_off(c.pool, w.now):
                     continue
                 outcome = self._call_launch(key, w)
-                if outcome is _Outcome.OK:
+                if outcome is Outcome.OK:
                     result.launched += 1
-                elif outcome is not _Outcome.RETRY:
+                elif outcome is not Outcome.RETRY:
                     self._force_plan = True
 
     def _pending(self, w: _World) -> tuple[list[Pod], list[Pod]]:
@@ -1001,10 +593,10 @@ class Controller:
             frozenset(p.key for p in real),
             frozenset(p.key for p in virtual),
             frozenset((k, c.phase) for k, c in self.claims.items()),
-            frozenset(k for k, t in self.unavailable.items() if t > now),
+            frozenset(k for k, t in self.availability.offerings.items() if t > now),
             frozenset(w.nodes),
-            frozenset(p for p in self._pool_backoff if self._backed_off(p, now)),
-            frozenset(p for p, t in self._spot_fallback_until.items() if t > now),
+            frozenset(p for p in self.availability.backoffs if self.availability.backed_off(p, now)),
+            frozenset(p for p, t in self.availability.fallbacks.items() if t > now),
         )
 
     def _effective_pools(self, nodes: Sequence[Node], now: float) -> list[NodePool]:
@@ -1017,7 +609,7 @@ class Controller:
             q = p
             if self._spot_fallback(p, now) and CapacityType.ON_DEMAND not in p.capacity_types:
                 q = replace(q, capacity_types=(*p.capacity_types, CapacityType.ON_DEMAND))
-            if self._backed_off(p.name, now):
+            if self.availability.backed_off(p.name, now):
                 q = replace(q, max_nodes=counts.get(p.name, 0))
             out.append(q)
         return out
@@ -1026,7 +618,7 @@ class Controller:
         return (
             pool.allow_spot_fallback
             and CapacityType.SPOT in pool.capacity_types
-            and self._spot_fallback_until.get(pool.name, -math.inf) > now
+            and self.availability.fallback_active(pool.name, now)
         )
 
     def _snapshot(self, w: _World, real: Sequence[Pod], virtual: Sequence[Pod]) -> Snapshot:
@@ -1058,7 +650,7 @@ class Controller:
             nodes=tuple(nodes),
             pools=tuple(self._effective_pools(nodes, w.now)),
             catalog=self.catalog,
-            unavailable={k: t for k, t in self.unavailable.items() if t > w.now},
+            unavailable=self.availability.unavailable_at(w.now),
         )
 
     def _launching_node(self, key: str, c: NodeClaim) -> Node:
@@ -1074,14 +666,10 @@ class Controller:
         )
 
     def _offering(self, instance_type: str, zone: str, ct: CapacityType) -> Offering | None:
-        it = self._types.get(instance_type)
-        if it is None:
-            return None
-        return next((o for o in it.offerings if o.zone == zone and o.capacity_type is ct), None)
+        return self._fleet.offering(instance_type, zone, ct)
 
     def _price(self, instance_type: str, zone: str, ct: CapacityType) -> float:
-        off = self._offering(instance_type, zone, ct)
-        return off.hourly_price if off is not None else 0.0
+        return self._fleet.price(instance_type, zone, ct)
 
     def _template(self, c: NodeClaim) -> tuple[dict[str, str], tuple[Taint, ...]]:
         pool = self.pools.get(c.pool)
@@ -1115,25 +703,16 @@ class Controller:
                     pods=pods,
                     reason="ScaleUp",
                 )
-                if outcome is _Outcome.OK:
+                if outcome is Outcome.OK:
                     result.launched += 1
-                if outcome in (_Outcome.CAPACITY, _Outcome.QUOTA):
+                if outcome in (Outcome.CAPACITY, Outcome.QUOTA):
                     replan = True
                     break
-                if outcome in (_Outcome.FAILED, _Outcome.GUARD):
+                if outcome in (Outcome.FAILED, Outcome.GUARD):
                     break
         return replan
 
     # ------------------------------------------------------------------------------------------------ launching
-    def _request_id(self, seed: Iterable[str]) -> str:
-        digest = hashlib.sha256("\x1f".join(seed).encode()).hexdigest()[:16]
-        base = f"{self.config.request_id_prefix}-{digest}"
-        rid, n = base, 0
-        while rid in self.claims or rid in self._burnt:
-            n += 1
-            rid = f"{base}-{n}"
-        return rid
-
     def _pool_usage(self, pool: str, w: _World) -> tuple[int, Resources]:
         """Nodes of ``pool`` (claimed or not, launching or not) and their raw capacity."""
         count = cpu = mem = gpus = 0
@@ -1175,24 +754,25 @@ class Controller:
         pods: tuple[str, ...] = (),
         replaces: str = "",
         reason: str,
-    ) -> _Outcome:
+    ) -> Outcome:
         now = w.now
         pool = self.pools.get(pool_name)
         it = self._types.get(instance_type)
         if pool is None or it is None:
             self._record(now, EventKind.LAUNCH_FAILED, f"pool/{pool_name}", "Unknown", f"no {instance_type} here")
-            return _Outcome.FAILED
+            return Outcome.FAILED
         why = self._within_limits(pool, it, w)
         if why is not None:
             self._report(
                 f"pool/{pool_name}", "PoolLimit", EventKind.BLOCKED, now, f"launch of {it.name} skipped: {why}"
             )
-            return _Outcome.GUARD
+            return Outcome.GUARD
         for _ in range(3):
-            outcome = self._launch_with_id(self._request_id(seed), pool, it, zone, ct, w, pods, replaces, reason)
-            if outcome is not _Outcome.BURNT:
+            rid = self.launcher.request_id(seed, self.claims)
+            outcome = self._launch_with_id(rid, pool, it, zone, ct, w, pods, replaces, reason)
+            if outcome is not Outcome.BURNT:
                 return outcome
-        return _Outcome.FAILED
+        return Outcome.FAILED
 
     def _launch_with_id(
         self,
@@ -1205,7 +785,7 @@ class Controller:
         pods: tuple[str, ...],
         replaces: str,
         reason: str,
-    ) -> _Outcome:
+    ) -> Outcome:
         now = w.now
         pool_name, instance_type = pool.name, it.name
         claim = new_claim(
@@ -1223,9 +803,9 @@ class Controller:
             deadlines=self.config.deadlines_for(pool_name),
         )
         self.claims[rid] = claim
-        if self._backed_off(pool_name, now):
-            self._retry_at[rid] = self._pool_backoff[pool_name].until
-            return _Outcome.RETRY
+        if self.availability.backed_off(pool_name, now):
+            self.launcher.hold(rid, self.availability.backoffs[pool_name].until)
+            return Outcome.RETRY
         return self._call_launch(rid, w)
 
     def _launch_request(self, c: NodeClaim) -> LaunchRequest:
@@ -1246,124 +826,21 @@ class Controller:
             pods=() if c.replaces else c.pods,
         )
 
-    def _call_launch(self, key: str, w: _World) -> _Outcome:
-        """Ask the provider for the node of claim ``key`` (phase Requested) and record the outcome."""
-        now = w.now
+    def _call_launch(self, key: str, w: _World) -> Outcome:
+        """Ask the provider for the node of claim ``key`` (phase Requested) once; the launcher carries out the
+        outcome (errors are data: see :func:`gpuscale.core.reconcile.judge_launch_error`)."""
         c = self.claims[key]
-        obj = f"nodeclaim/{key}"
-        offering = OfferingKey(c.instance_type, c.zone, c.capacity_type)
-        try:
-            nodes = list(self.provider.launch(self._launch_request(c)))
-        except CapacityError as exc:
-            self._fail_request(key, str(exc), now)
-            self._mark_unavailable(offering, now + self.config.unavailable_ttl_s, now, "insufficient capacity")
-            pool = self.pools.get(c.pool)
-            if (
-                c.capacity_type is CapacityType.SPOT
-                and pool is not None
-                and pool.allow_spot_fallback
-                and CapacityType.SPOT in pool.capacity_types
-            ):
-                if not self._spot_fallback(pool, now):
-                    self._record(
-                        now,
-                        EventKind.SPOT_FALLBACK,
-                        f"pool/{c.pool}",
-                        "SpotUnavailable",
-                        "spot capacity unavailable: on-demand allowed until spot returns",
-                    )
-                self._spot_fallback_until[c.pool] = now + self.config.unavailable_ttl_s
-            return _Outcome.CAPACITY
-        except QuotaExceeded as exc:
-            self._fail_request(key, str(exc), now)
-            self._back_off(c.pool, now, self.config.quota_backoff_s, str(exc))
-            return _Outcome.QUOTA
-        except RateLimited as exc:
-            self._back_off(c.pool, now, exc.retry_after, str(exc), exponential=False)
-            self._retry_at[key] = now + exc.retry_after
-            self._record(now, EventKind.LAUNCH_RETRY, obj, "RateLimited", str(exc))
-            return _Outcome.RETRY
-        except InvalidProviderRequest as exc:
-            if exc.field == "request_id":
-                return self._burnt_id(key, str(exc), now)
-            self._fail_request(key, str(exc), now)
-            self._back_off(c.pool, now, self.config.max_backoff_s, str(exc))
-            return _Outcome.FAILED
-        except NotFound as exc:
-            self._fail_request(key, str(exc), now)
-            return _Outcome.FAILED
-        except ProviderError as exc:
-            if exc.retry.kind == "never":
-                self._fail_request(key, str(exc), now)
-                self._back_off(c.pool, now, self.config.max_backoff_s, str(exc))
-                return _Outcome.FAILED
-            n = self._attempts.get(key, 0) + 1
-            self._attempts[key] = n
-            delay = min(self.config.max_backoff_s, self.config.retry_base_s * 2 ** (n - 1))
-            self._retry_at[key] = now + delay
-            self._record(now, EventKind.LAUNCH_RETRY, obj, type(exc).__name__, f"{exc}; retry in {delay:.0f}s")
-            return _Outcome.RETRY
-        live = [n for n in nodes if n.state not in (CloudNodeState.DELETING, CloudNodeState.GONE)]
-        if not live:
-            return self._burnt_id(key, "request id already used by a node that is gone", now)
-        cn = live[0]
-        self._retry_at.pop(key, None)
-        self._attempts.pop(key, None)
-        self.claims[key] = transition(c, ClaimEvent.LAUNCHED, now, node_id=cn.node_id, node_name=cn.node_name)
-        self._pool_backoff.pop(c.pool, None)
-        what = f"{c.instance_type} {c.capacity_type} in {c.zone} (${c.hourly_price:.4g}/h)"
-        why = f" for {len(c.pods)} pod(s)" if c.pods else ""
-        if c.replaces:
-            why += f" to replace {c.replaces}"
-        self._record(
-            now,
-            EventKind.SCALE_UP,
-            f"node/{cn.node_name or cn.node_id}",
-            c.reason or "ScaleUp",
-            f"launched {what}{why}",
-            request_id=key,
-            pool=c.pool,
-            instanceType=c.instance_type,
-            zone=c.zone,
-            capacityType=str(c.capacity_type),
-            pods=list(c.pods),
-        )
-        return _Outcome.OK
-
-    def _burnt_id(self, key: str, why: str, now: float) -> _Outcome:
-        """The request id belongs to an earlier node: drop the claim quietly; the caller retries with a new id."""
-        self.claims.pop(key)
-        self._burnt.add(key)
-        self._retry_at.pop(key, None)
-        self._attempts.pop(key, None)
-        self._record(now, EventKind.LAUNCH_RETRY, f"nodeclaim/{key}", "RequestIdUsed", f"{why}; using a new id")
-        return _Outcome.BURNT
-
-    def _fail_request(self, key: str, why: str, now: float) -> None:
-        c = self.claims[key]
-        self.claims[key] = transition(c, ClaimEvent.LAUNCH_FAILED, now, reason=why)
-        self._record(now, EventKind.LAUNCH_FAILED, f"nodeclaim/{key}", "LaunchFailed", why, request_id=key)
-
-    def _back_off(self, pool: str, now: float, base: float, why: str, *, exponential: bool = True) -> None:
-        prev = self._pool_backoff.get(pool)
-        failures = (prev.failures + 1) if prev is not None else 1
-        delay = min(self.config.max_backoff_s, base * (2 ** (failures - 1) if exponential else 1))
-        self._pool_backoff[pool] = _Backoff(now + delay, failures)
-        self._record(now, EventKind.BACKOFF, f"pool/{pool}", "Backoff", f"{why}; no launches for {delay:.0f}s")
-
-    def _backed_off(self, pool: str, now: float) -> bool:
-        b = self._pool_backoff.get(pool)
-        return b is not None and b.until > now
+        return self.launcher.launch(key, self._launch_request(c), self.claims, self.pools.get(c.pool), w.now)
 
     def _ensure_min_nodes(self, w: _World, result: ReconcileResult) -> None:
         now = w.now
         for pool in self.pools.values():
-            if pool.min_nodes <= 0 or self._backed_off(pool.name, now):
+            if pool.min_nodes <= 0 or self.availability.backed_off(pool.name, now):
                 continue
             have = self._alive_in_pool(pool.name, w)
             for k in range(have, pool.min_nodes):
                 eff = next(p for p in self._effective_pools([], now) if p.name == pool.name)
-                offers = pool_offerings(eff, self.catalog, now, self.unavailable)
+                offers = pool_offerings(eff, self.catalog, now, self.availability.offerings)
                 if not offers:
                     self._report(f"pool/{pool.name}", "MinNodes", EventKind.BLOCKED, now, "no offering for minNodes")
                     break
@@ -1385,9 +862,9 @@ class Controller:
                     w,
                     reason="MinNodes",
                 )
-                if outcome is _Outcome.OK:
+                if outcome is Outcome.OK:
                     result.launched += 1
-                elif outcome is not _Outcome.RETRY:
+                elif outcome is not Outcome.RETRY:
                     break
 
     def _alive_in_pool(self, pool: str, w: _World) -> int:
@@ -1423,7 +900,7 @@ class Controller:
         # joins or gains GPUs), a disruption finishes, offerings change, its own pods change, or the retry period
         # ends.
         room = {n.name: n.allocatable for n in w.nodes.values() if not n.unschedulable}
-        unavailable_now = frozenset(k for k, t in self.unavailable.items() if t > now)
+        unavailable_now = frozenset(k for k, t in self.availability.offerings.items() if t > now)
         prev_by_node, prev_room, prev_disrupting, prev_unavailable = self._room_state
         left_some, pods_moved = _pod_moves(prev_by_node, by_node)  # nodes a pod left; nodes whose pods changed
         changed = disrupting != prev_disrupting or unavailable_now != prev_unavailable
@@ -1474,7 +951,7 @@ class Controller:
         for key, c in self.claims.items():
             if c.phase in (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED) and c.node_name not in w.nodes:
                 nodes.append(self._launching_node(key, c))
-        unavailable = {k: t for k, t in self.unavailable.items() if t > now}
+        unavailable = self.availability.unavailable_at(now)
         measured = self._measured
         signature = (
             frozenset((n.name, n.unschedulable, n.allocatable, n.launching) for n in nodes),
@@ -1549,13 +1026,13 @@ class Controller:
                     reason=f"Replace{action.reason}",
                 )
                 outcomes.append(outcome)
-                if outcome not in (_Outcome.OK, _Outcome.RETRY):
+                if outcome not in (Outcome.OK, Outcome.RETRY):
                     break
             rids = tuple(
                 k for k, cl in self.claims.items() if cl.replaces == action.node and k not in before and cl.alive
             )
-            result.launched += sum(1 for o in outcomes if o is _Outcome.OK)
-            if all(o in (_Outcome.OK, _Outcome.RETRY) for o in outcomes):
+            result.launched += sum(1 for o in outcomes if o is Outcome.OK)
+            if all(o in (Outcome.OK, Outcome.RETRY) for o in outcomes):
                 self._replacements[action.node] = (rids, action)
                 result.disrupted += 1
                 self._record(
@@ -1631,7 +1108,7 @@ class Controller:
             if c.phase is ClaimPhase.DRAINING:
                 if allow is None:
                     allow = pdb_allowances(w.pdbs, w.pods)
-                node = self._backend_node(c, w)
+                node = find_node(c, w.nodes)
                 left = [p for p in w.by_node().get(node.name, ()) if not p.is_daemonset] if node is not None else []
                 if not left:
                     self.claims[key] = transition(c, ClaimEvent.DRAINED, now, reason="no pods left")
@@ -1680,9 +1157,9 @@ class Controller:
             except NotFound:
                 pass
             except ProviderError as exc:
-                n = self._attempts.get(key, 0) + 1
-                self._attempts[key] = n
-                delay = min(self.config.max_backoff_s, self.config.retry_base_s * 2 ** (n - 1))
+                n = self.launcher.attempts.get(key, 0) + 1
+                self.launcher.attempts[key] = n
+                delay = retry_delay(exc, n, self.launcher.rules)
                 self._delete_retry_at[key] = now + delay
                 self._record(now, EventKind.DELETE, f"node/{c.node_name or key}", "DeleteRetry", str(exc))
                 return
@@ -1696,7 +1173,7 @@ class Controller:
                 request_id=key,
             )
         self._delete_retry_at[key] = now + recheck
-        node = self._backend_node(c, w)
+        node = find_node(c, w.nodes)
         if node is not None:
             self.backend.delete_node(node.name)
             del w.nodes[node.name]
@@ -1730,6 +1207,10 @@ class Controller:
     def _record(self, now: float, kind: EventKind, obj: str, reason: str, message: str, **data: object) -> None:
         self.backend.record(Event(now, str(kind), obj, reason, message, data))
 
+    def _note(self, note: Note) -> None:
+        """Record a note of the current round."""
+        self.backend.record(Event(self._now, str(note.kind), note.object, note.reason, note.message, note.data))
+
     def _report(self, obj: str, reason: str, kind: EventKind, now: float, message: str) -> None:
         """Record an event only when ``obj``'s reason changes (no repeats every round)."""
         if self._reported.get(obj) == reason:
@@ -1753,10 +1234,11 @@ def make_controller(
     clock: Clock,
     config: ControllerConfig | Mapping[str, Any] | None = None,
     planner: PlanFn | None = None,
+    availability: Availability | None = None,
 ) -> Controller:
     """A :class:`Controller`; ``config`` may be a :class:`ControllerConfig` or a scenario ``policy`` mapping.
 
     This is the ``controller_factory`` of :func:`gpuscale.sim.runner.run_simulation`.
     """
     cfg = config if isinstance(config, ControllerConfig) else ControllerConfig.from_policy(config)
-    return Controller(backend, provider, pools, catalog, clock, cfg, planner=planner)
+    return Controller(backend, provider, pools, catalog, clock, cfg, planner=planner, availability=availability)

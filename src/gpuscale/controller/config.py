@@ -1,0 +1,210 @@
+"""The controller's settings (:class:`ControllerConfig`), read from a scenario's ``policy`` mapping or built in code."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpuscale.core.nodeclaim import DEFAULT_DEADLINES, Deadlines
+from gpuscale.core.plan import PlannerConfig
+from gpuscale.core.reconcile import LaunchRules, Rules
+from gpuscale.core.scoring import SCORERS
+from gpuscale.errors import InputError
+from gpuscale.manifests.quantity import DURATION_HELP, parse_duration
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """Knobs of the reconcile loop (times in seconds)."""
+
+    batch_idle_s: float = 1.0
+    """A batch of pending pods closes this long after the last new pending pod..."""
+    batch_max_s: float = 10.0
+    """...or this long after it opened."""
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    deadlines: Deadlines = DEFAULT_DEADLINES
+    pool_deadlines: Mapping[str, Deadlines] = field(default_factory=dict)
+    """Per-pool overrides of ``deadlines``."""
+    unavailable_ttl_s: float = 180.0
+    """How long an offering stays unavailable after insufficient capacity, a registration timeout, or a spot
+    interruption."""
+    gpu_init_unavailable_ttl_s: float = 1800.0
+    """How long an (instance type, zone) stays unavailable after a node whose GPUs never appeared."""
+    quota_backoff_s: float | None = None
+    """First back-off of a pool after a quota error; doubles per consecutive error up to ``max_backoff_s``. None:
+    the error's :class:`~gpuscale.errors.RetryPolicy` delay (60 s for ``QuotaExceeded``)."""
+    max_backoff_s: float = 600.0
+    retry_base_s: float | None = None
+    """First retry delay of a launch or delete after a transient error (doubles per attempt). None: the error's
+    :class:`~gpuscale.errors.RetryPolicy` delay (1 s for ``TransientProviderError``, 2 s for other provider
+    errors)."""
+    delete_recheck_s: float = 120.0
+    """After the provider accepted a delete, look again this long later and repeat the delete if the node is still
+    listed and not deleting (a lost request); once it shows as deleting, look again every ``max_backoff_s``."""
+    replan_interval_s: float = 30.0
+    """Re-plan unchanged pending pods at least this often."""
+    max_replans: int = 6
+    """Re-plans within one reconcile after capacity errors."""
+    disruption_interval_s: float = 10.0
+    consolidation_refresh_s: float = 300.0
+    """Re-evaluate consolidation at least this often even when nothing changed (cron budget windows)."""
+    consolidation_retry_s: float = 300.0
+    """A node kept for a reason only a cluster change can lift (its pods fit nowhere cheaper, a budget, a PDB) is
+    re-simulated after this long, or sooner when room appears, a disruption ends, offerings or its pods change."""
+    consolidation: bool = True
+    replace_nodes: bool = True
+    """Consolidation may replace a node by a cheaper one (False: only delete nodes whose pods fit elsewhere)."""
+    lost_grace_s: float = 30.0
+    """A just-launched node missing from the provider's list is only considered lost after this long."""
+    orphan_grace_s: float = 30.0
+    """A node labelled with a request id the provider does not list is deleted after this long."""
+    request_id_prefix: str = "gs"
+
+    def deadlines_for(self, pool: str) -> Deadlines:
+        """The deadlines of ``pool``."""
+        return self.pool_deadlines.get(pool, self.deadlines)
+
+    def rules(self) -> Rules:
+        """The settings of the pure claim decisions (:mod:`gpuscale.core.reconcile`)."""
+        return Rules(
+            deadlines=self.deadlines,
+            pool_deadlines=self.pool_deadlines,
+            unavailable_ttl_s=self.unavailable_ttl_s,
+            gpu_init_unavailable_ttl_s=self.gpu_init_unavailable_ttl_s,
+            lost_grace_s=self.lost_grace_s,
+        )
+
+    def launch_rules(self) -> LaunchRules:
+        """The launcher's settings."""
+        return LaunchRules(
+            unavailable_ttl_s=self.unavailable_ttl_s,
+            quota_backoff_s=self.quota_backoff_s,
+            max_backoff_s=self.max_backoff_s,
+            retry_base_s=self.retry_base_s,
+        )
+
+    @staticmethod
+    def from_policy(policy: Mapping[str, Any] | None, where: str = "policy") -> ControllerConfig:
+        """Build from a scenario's ``policy`` mapping (camelCase keys, durations as seconds or ``"5m"``).
+
+        Durations (``quotaBackoff`` and ``retryBase`` may be ``null``, their default: the error's own retry
+        policy decides): ``batchIdle``, ``batchMax``, ``unavailableTtl``, ``gpuInitUnavailableTtl``, ``quotaBackoff``,
+        ``maxBackoff``, ``retryBase``, ``replanInterval``, ``disruptionInterval``, ``consolidationRefresh``,
+        ``consolidationRetry``, ``lostGrace``, ``orphanGrace``, ``solverTimeLimit``. Others: ``maxReplans``,
+        ``consolidation``, ``replaceNodes``, ``requestIdPrefix``, ``scorer``, ``exactSolver``, ``deadlines``
+        (``launch``, ``registration``, ``gpuInit``) and ``poolDeadlines`` (pool name -> deadlines). ``name`` and
+        ``reconcileInterval`` belong to the simulator and are ignored. Anything else raises
+        :class:`~gpuscale.errors.InputError`.
+        """
+        policy = dict(policy or {})
+        kw: dict[str, Any] = {}
+        planner: dict[str, Any] = {}
+        for key, value in policy.items():
+            path = f"{where}.{key}"
+            if key in ("name", "reconcileInterval", "settle"):
+                continue
+            if key in _POLICY_DELAY_KEYS and value is None:
+                kw[_DURATION_KEYS[key]] = None  # the error's own RetryPolicy delay
+            elif key in _DURATION_KEYS:
+                kw[_DURATION_KEYS[key]] = _duration(value, path)
+            elif key == "maxReplans":
+                kw["max_replans"] = _int(value, path)
+            elif key == "consolidation":
+                kw["consolidation"] = _bool(value, path)
+            elif key == "replaceNodes":
+                kw["replace_nodes"] = _bool(value, path)
+            elif key == "requestIdPrefix":
+                if not isinstance(value, str) or not value:
+                    raise InputError("must be a non-empty string", where=path, value=value, fix='e.g. "gs"')
+                kw["request_id_prefix"] = value
+            elif key == "scorer":
+                if value not in SCORERS:
+                    raise InputError("unknown scorer", where=path, value=value, fix=f"use one of {', '.join(SCORERS)}")
+                planner["scorer"] = str(value)
+            elif key == "exactSolver":
+                planner["exact_solver"] = _bool(value, path)
+            elif key == "solverTimeLimit":
+                planner["solver_time_limit_s"] = _duration(value, path)
+            elif key == "deadlines":
+                kw["deadlines"] = _deadlines(value, path)
+            elif key == "poolDeadlines":
+                if not isinstance(value, Mapping):
+                    raise InputError("must map pool names to deadlines", where=path, value=value)
+                kw["pool_deadlines"] = {str(k): _deadlines(v, f"{path}.{k}") for k, v in value.items()}
+            else:
+                known = sorted([*_DURATION_KEYS, "maxReplans", "consolidation", "replaceNodes", "requestIdPrefix"])
+                known += [
+                    "scorer",
+                    "exactSolver",
+                    "solverTimeLimit",
+                    "deadlines",
+                    "poolDeadlines",
+                    "name",
+                    "settle",
+                    "reconcileInterval",
+                ]
+                raise InputError("unknown policy setting", where=path, value=key, fix=f"use one of {', '.join(known)}")
+        if planner:
+            kw["planner"] = replace(PlannerConfig(), **planner)
+        return ControllerConfig(**kw)
+
+
+_DURATION_KEYS = {
+    "batchIdle": "batch_idle_s",
+    "batchMax": "batch_max_s",
+    "unavailableTtl": "unavailable_ttl_s",
+    "gpuInitUnavailableTtl": "gpu_init_unavailable_ttl_s",
+    "quotaBackoff": "quota_backoff_s",
+    "maxBackoff": "max_backoff_s",
+    "retryBase": "retry_base_s",
+    "deleteRecheck": "delete_recheck_s",
+    "replanInterval": "replan_interval_s",
+    "disruptionInterval": "disruption_interval_s",
+    "consolidationRefresh": "consolidation_refresh_s",
+    "consolidationRetry": "consolidation_retry_s",
+    "lostGrace": "lost_grace_s",
+    "orphanGrace": "orphan_grace_s",
+}
+
+
+_POLICY_DELAY_KEYS = frozenset({"quotaBackoff", "retryBase"})
+"""Durations whose ``null`` (the default) means: the delay of the error's own RetryPolicy."""
+
+
+def _duration(value: object, where: str) -> float:
+    if isinstance(value, bool):
+        raise InputError("must be a duration", where=where, value=value, fix=DURATION_HELP)
+    if isinstance(value, int | float):
+        if value < 0 or not math.isfinite(value):
+            raise InputError("must be a non-negative number of seconds", where=where, value=value, fix=DURATION_HELP)
+        return float(value)
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise InputError(f"not a duration ({exc})", where=where, value=value, fix=DURATION_HELP) from None
+
+
+def _int(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError("must be a positive integer", where=where, value=value, fix="e.g. 6")
+    return value
+
+
+def _bool(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise InputError("must be true or false", where=where, value=value, fix="write true or false")
+    return value
+
+
+def _deadlines(value: object, where: str) -> Deadlines:
+    if not isinstance(value, Mapping):
+        raise InputError("must be a mapping", where=where, value=value, fix="e.g. {launch: 5m, gpuInit: 10m}")
+    names = {"launch": "launch_s", "registration": "registration_s", "gpuInit": "gpu_init_s"}
+    kw: dict[str, float] = {}
+    for k, v in value.items():
+        if k not in names:
+            raise InputError("unknown deadline", where=f"{where}.{k}", value=k, fix="use launch, registration, gpuInit")
+        kw[names[k]] = _duration(v, f"{where}.{k}")
+    return Deadlines(**kw)

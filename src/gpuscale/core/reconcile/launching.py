@@ -1,0 +1,188 @@
+"""What a failed launch means, decided from the error's :class:`~gpuscale.errors.RetryPolicy` alone.
+
+This is the one retry layer: providers raise mapped errors and never retry; :func:`judge_launch_error` turns an
+error (data) into actions the launcher carries out, and a retry happens in a later round at its due time, never by
+sleeping. By the policy's kind:
+
+==================  ==================================================================================================
+``next-offering``   fail the claim, avoid the offering for ``unavailable_ttl_s`` and re-plan (a spot-only pool with
+                    ``allowSpotFallback`` may buy on-demand meanwhile)
+``after``           keep the claim Requested; retry the same request id after the policy's delay; hold the pool's
+                    launches as long (not doubled)
+``backoff``         with ``max_attempts`` > 0 (transient): retry the same id after base x 2^(n-1), at most
+                    ``max_backoff_s``, where base is the configured ``retry_base_s`` or else the policy's delay;
+                    after ``max_attempts`` failed attempts fail the claim and re-plan.
+                    With ``max_attempts`` = 0 (a pool-wide limit such as a quota): fail the claim, back the pool off
+                    exponentially from ``quota_backoff_s`` or else the policy's delay, and re-plan
+``never``           an id the provider says is used: drop the claim and launch under a new id at once; a resource not
+                    found: fail the claim; anything else (invalid request, rejected credentials): fail the claim and
+                    hold the pool's launches for ``max_backoff_s``
+==================  ==================================================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gpuscale.core.model import CapacityType, NodePool, OfferingKey
+from gpuscale.core.nodeclaim import ClaimEvent, NodeClaim, transition
+from gpuscale.core.reconcile.records import EventKind, MarkUnavailable, Note, SetClaim
+from gpuscale.errors import InvalidProviderRequest, NotFound, ProviderError, RetryKind
+
+
+class Outcome(StrEnum):
+    """How a launch attempt ended, for the caller's next step."""
+
+    OK = "ok"
+    RETRY = "retry"
+    """The same request id is tried again later."""
+    CAPACITY = "capacity"
+    """The offering is out: re-plan now."""
+    QUOTA = "quota"
+    """The pool is held back: re-plan now (other pools)."""
+    FAILED = "failed"
+    GUARD = "guard"
+    """Not attempted: a pool limit."""
+    BURNT = "burnt"
+    """The request id was used before: launch again under a new id."""
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchRules:
+    """The launcher's settings (``None``: the error's own :class:`~gpuscale.errors.RetryPolicy` delay)."""
+
+    unavailable_ttl_s: float = 180.0
+    quota_backoff_s: float | None = None
+    max_backoff_s: float = 600.0
+    retry_base_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BackOff:
+    """Hold the pool's launches: ``base_s`` doubled per consecutive failure unless not ``exponential``."""
+
+    pool: str
+    base_s: float
+    exponential: bool
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class AllowFallback:
+    """Let the spot-only ``pool`` buy on-demand until ``until`` (``announce``: note it, it was not allowed)."""
+
+    pool: str
+    until: float
+    announce: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RetryAt:
+    """Try the claim's launch again at ``at``; ``attempts`` failed so far (None: leave the count as it is)."""
+
+    key: str
+    at: float
+    attempts: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BurnId:
+    """The request id belongs to an earlier node: drop the claim; never use the id again."""
+
+    key: str
+
+
+LaunchAction = SetClaim | MarkUnavailable | BackOff | AllowFallback | RetryAt | BurnId | Note
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchVerdict:
+    """The outcome of a failed launch and the actions to carry out, in order."""
+
+    outcome: Outcome
+    actions: tuple[LaunchAction, ...] = field(default_factory=tuple)
+
+
+def _fail(key: str, claim: NodeClaim, why: str, now: float) -> list[LaunchAction]:
+    return [
+        SetClaim(key, transition(claim, ClaimEvent.LAUNCH_FAILED, now, reason=why)),
+        Note(EventKind.LAUNCH_FAILED, f"nodeclaim/{key}", "LaunchFailed", why, {"request_id": key}),
+    ]
+
+
+def judge_launch_error(
+    key: str,
+    claim: NodeClaim,
+    exc: ProviderError,
+    *,
+    attempts: int,
+    pool: NodePool | None,
+    fallback_active: bool,
+    rules: LaunchRules,
+    now: float,
+) -> LaunchVerdict:
+    """The verdict on ``exc`` raised by the launch of the Requested ``claim`` (see the module docstring).
+
+    ``attempts`` is how many earlier attempts of this claim failed with a retryable error; ``fallback_active``
+    whether the claim's pool may already buy on-demand instead of spot.
+    """
+    policy = exc.retry
+    why = str(exc)
+    obj = f"nodeclaim/{key}"
+    if policy.kind is RetryKind.NEXT_OFFERING:
+        acts = _fail(key, claim, why, now)
+        offering = OfferingKey(claim.instance_type, claim.zone, claim.capacity_type)
+        acts.append(MarkUnavailable(offering, now + rules.unavailable_ttl_s, "insufficient capacity"))
+        if (
+            claim.capacity_type is CapacityType.SPOT
+            and pool is not None
+            and pool.allow_spot_fallback
+            and CapacityType.SPOT in pool.capacity_types
+        ):
+            acts.append(AllowFallback(claim.pool, now + rules.unavailable_ttl_s, announce=not fallback_active))
+        return LaunchVerdict(Outcome.CAPACITY, tuple(acts))
+    if policy.kind is RetryKind.AFTER:
+        delay = policy.delay_s
+        acts = [
+            BackOff(claim.pool, delay, False, why),
+            RetryAt(key, now + delay),
+            Note(EventKind.LAUNCH_RETRY, obj, type(exc).__name__, why),
+        ]
+        return LaunchVerdict(Outcome.RETRY, tuple(acts))
+    if policy.kind is RetryKind.NEVER:
+        if isinstance(exc, InvalidProviderRequest) and exc.field == "request_id":
+            note = Note(EventKind.LAUNCH_RETRY, obj, "RequestIdUsed", f"{why}; using a new id")
+            return LaunchVerdict(Outcome.BURNT, (BurnId(key), note))
+        if isinstance(exc, NotFound):
+            return LaunchVerdict(Outcome.FAILED, tuple(_fail(key, claim, why, now)))
+        acts = _fail(key, claim, why, now)
+        acts.append(BackOff(claim.pool, rules.max_backoff_s, True, why))
+        return LaunchVerdict(Outcome.FAILED, tuple(acts))
+    # BACKOFF
+    if policy.max_attempts <= 0:  # a pool-wide limit (quota): this request fails, the pool waits
+        base = rules.quota_backoff_s if rules.quota_backoff_s is not None else policy.delay_s
+        acts = _fail(key, claim, why, now)
+        acts.append(BackOff(claim.pool, base, True, why))
+        return LaunchVerdict(Outcome.QUOTA, tuple(acts))
+    n = attempts + 1
+    if n >= policy.max_attempts:
+        acts = _fail(key, claim, f"{why}; gave up after {n} attempts", now)
+        return LaunchVerdict(Outcome.FAILED, tuple(acts))
+    base = rules.retry_base_s if rules.retry_base_s is not None else policy.delay_s
+    delay = min(rules.max_backoff_s, base * 2.0 ** (n - 1))
+    acts = [
+        RetryAt(key, now + delay, n),
+        Note(EventKind.LAUNCH_RETRY, obj, type(exc).__name__, f"{exc}; retry in {delay:.0f}s"),
+    ]
+    return LaunchVerdict(Outcome.RETRY, tuple(acts))
+
+
+def retry_delay(exc: ProviderError, attempts: int, rules: LaunchRules) -> float:
+    """The delay before the next try of an operation (a delete) that failed ``attempts`` times, the last with
+    ``exc``: the policy's delay for ``after``, else base x 2^(attempts-1) capped at ``max_backoff_s``."""
+    policy = exc.retry
+    if policy.kind is RetryKind.AFTER:
+        return policy.delay_s
+    base = rules.retry_base_s if rules.retry_base_s is not None else max(policy.delay_s, 1.0)
+    return min(rules.max_backoff_s, base * 2.0 ** (max(1, attempts) - 1))
