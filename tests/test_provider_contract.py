@@ -11,12 +11,14 @@ from dataclasses import dataclass
 
 import pytest
 
+from aws_moto import MotoAws, build_world, shared_moto
 from gpuscale.catalogs import load_catalog
 from gpuscale.clock import ManualClock
 from gpuscale.fakes.kube_api import KubeAPIServer
 from gpuscale.fakes.linode_api import FakeLinodeAPI
 from gpuscale.kube.client import KubeClient
 from gpuscale.kube.kwok import KwokConfig, KwokProvider
+from gpuscale.providers.aws import AwsConfig, AwsProvider
 from gpuscale.providers.linode import LinodeConfig, LinodeProvider
 from kube_harness import client_for
 from provider_contract import ContractBackend, ProviderContract, ProviderFactory
@@ -96,7 +98,42 @@ class KwokFactory:
         return KwokBackend(provider, server, client)
 
 
-PROVIDER_FACTORIES: list[ProviderFactory] = [LinodeFactory(), KwokFactory()]
+@dataclass
+class AwsBackend:
+    """The AWS provider talking boto3 to moto's server through the fault-injecting proxy (tests/aws_moto.py)."""
+
+    provider: AwsProvider
+    aws: MotoAws
+    instance_type: str = "g5.xlarge"
+    zone: str = "us-east-1"
+
+    def exhaust_capacity(self, instance_type: str) -> None:
+        self.aws.proxy.fleet_errors[(instance_type, None)] = ("InsufficientInstanceCapacity", "no capacity")
+
+    def exhaust_quota(self) -> None:
+        self.aws.proxy.fleet_errors[("*", None)] = ("VcpuLimitExceeded", "vCPU limit reached")
+
+    def close(self) -> None:
+        self.aws.proxy.reset()
+
+
+class AwsFactory:
+    name = "aws"
+
+    def __call__(self) -> ContractBackend:
+        aws = shared_moto()
+        world = build_world(aws)
+        config = AwsConfig(
+            cluster_name=world.cluster,
+            region="us-east-1",
+            subnet_ids=tuple(world.subnets.values()),
+            interruption_queue=world.queue,
+            endpoint_url=aws.proxy.url,
+        )
+        return AwsBackend(AwsProvider(config, session=aws.session(), clock=ManualClock(1_000.0)), aws)
+
+
+PROVIDER_FACTORIES: list[ProviderFactory] = [LinodeFactory(), KwokFactory(), AwsFactory()]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -68,6 +68,8 @@ class ProviderEventKind(StrEnum):
     SPOT_INTERRUPTION = "spot-interruption"
     LAUNCH_FAILED = "launch-failed"
     NODE_FAILED = "node-failed"
+    REBALANCE_RECOMMENDATION = "rebalance-recommendation"
+    """Elevated risk that a spot node is interrupted soon (informational; no action is required)."""
 
 
 @dataclass(frozen=True, slots=True)
