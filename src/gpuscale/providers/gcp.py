@@ -70,6 +70,7 @@ from gpuscale.providers.base import (
     ProviderEventKind,
 )
 from gpuscale.providers.gcp_support import (
+    API_CALLS,
     GPU_TAINT,
     L_CLUSTER,
     L_POOL,
@@ -87,7 +88,16 @@ from gpuscale.providers.gcp_support import (
     scrub,
 )
 
-__all__ = ["GPU_TAINT", "GcpConfig", "GcpProvider", "MachineSpec", "label_key", "machine_spec", "pool_name"]
+__all__ = [
+    "API_CALLS",
+    "GPU_TAINT",
+    "GcpConfig",
+    "GcpProvider",
+    "MachineSpec",
+    "label_key",
+    "machine_spec",
+    "pool_name",
+]
 
 log = logging.getLogger(__name__)
 
