@@ -289,3 +289,13 @@ def test_fuzz_custom_catalog() -> None:
 def test_the_base_files_are_valid(name: str) -> None:
     """The fuzzer's bases must parse: mutations of a file that fails anyway would test little."""
     assert _spans(example(name).read_text())[0]
+
+
+def test_fuzz_scaler_replay() -> None:
+    """Both files of ``scaler replay``: hostile scalers against the shipped history, hostile histories."""
+    scaler, history = str(example("scaler.yaml")), str(example("scaler-history.yaml"))
+    counts = _fuzz("scaler replay", example("scaler.yaml").read_text(), lambda p: ["scaler", "replay", p, history])
+    assert counts["exit 0"] > 0 and counts["exit 2"] > counts["exit 0"]
+    base = example("scaler-history.yaml").read_text()
+    counts = _fuzz("scaler replay (history)", base, lambda p: ["scaler", "replay", "--json", scaler, p])
+    assert counts["exit 0"] > 0 and counts["exit 2"] > 0

@@ -36,6 +36,10 @@ EXAMPLES: dict[str, str] = {
     "gpr.yaml": "one GPUProvisioningRequest: gpuscale gpr create -f gpr.yaml",
     "catalog-custom.yaml": "a custom on-premises catalog (docs/catalogs.md): gpuscale plan SNAPSHOT --catalog FILE",
     "crs.yaml": "gpuscale's own objects (GPUNodePool, OfferingAvailability, GPUNodeClaim): kubectl apply -f crs.yaml",
+    "scaler.yaml": "a GPUWorkloadScaler on DCGM metrics: gpuscale scaler replay scaler.yaml scaler-history.yaml",
+    "scaler-history.yaml": "a metric history to replay through scaler.yaml (gpuscale scaler replay)",
+    "keda-scaledobject.yaml": "a KEDA ScaledObject, read as is: gpuscale scaler replay keda-scaledobject.yaml HISTORY",
+    "gpubudget.yaml": "a GPUBudget shared by two models (the arbiter's input): kubectl apply -f gpubudget.yaml",
 }
 """The shipped example files, each with a one-line description."""
 
