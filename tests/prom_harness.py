@@ -6,6 +6,7 @@ When they are absent the tests skip, except under CI (``CI`` set), where absence
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -80,6 +81,8 @@ class Agent:
     target: str
     """``127.0.0.1:PORT``"""
     proc: subprocess.Popen[bytes]
+    started: float
+    """Unix time of the simulated curve's t=0 (NaN for NVML)."""
 
 
 @contextmanager
@@ -106,7 +109,8 @@ def agent(tmp: Path, args: Sequence[str]) -> Iterator[Agent]:
                 raise AssertionError(f"agent did not start ({proc.poll()}): {log.read_text()[-2000:]}")
             time.sleep(0.05)
         target = f"127.0.0.1:{m.group(1)}"
-        yield Agent(f"http://{target}/metrics", target, proc)
+        start = re.search(r"curve t=0 at ([0-9.]+)", log.read_text())
+        yield Agent(f"http://{target}/metrics", target, proc, float(start.group(1)) if start else math.nan)
     finally:
         _stop(proc)
 

@@ -125,7 +125,9 @@ def agent_command(
         backend = SimulatedBackend(
             SystemClock(), count, find_model(model), load, seed=seed, noise=noise, hostname=host_label, pods=pod_map
         )
-        what = f"{count} simulated {backend.model.name} GPU{'s' if count != 1 else ''}"
+        what = (
+            f"{count} simulated {backend.model.name} GPU{'s' if count != 1 else ''} (curve t=0 at {backend.start:.3f})"
+        )
     else:
         try:
             backend = NvmlBackend(pod_map)

@@ -37,6 +37,7 @@ CONTROLLER = MappingProxyType(
         "gpuscale_hourly_cost_dollars": "Hourly cost of the running nodes.",
         "gpuscale_gpr_queue_length": "GPU provisioning requests waiting.",
         "gpuscale_gpr_wait_seconds": "Wait of GPU provisioning requests.",
+        "gpuscale_reconcile_seconds": "Duration of a reconcile round.",
         "gpuscale_scaler_desired_replicas": "Desired replicas of a GPUWorkloadScaler.",
         "gpuscale_scaler_current_replicas": "Current replicas of a GPUWorkloadScaler's target.",
         "gpuscale_budget_granted_gpus": "GPUs granted to a model by its GPUBudget.",
