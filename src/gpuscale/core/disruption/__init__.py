@@ -25,16 +25,16 @@ For every node of a managed pool, :func:`plan_disruption` decides *delete*, *rep
   disruption left; the pool's ``min_nodes``; the pool's disruption budgets for that reason (the most restrictive
   active budget wins; percentages round up; nodes already being disrupted count against it).
 
-Budget schedules are 5-field cron expressions evaluated in UTC on the caller's clock (seconds since the Unix epoch):
-a budget with ``schedule`` and ``duration_s`` is active during ``[hit, hit + duration)`` for every schedule hit.
+Budget schedules are 5-field cron expressions (:mod:`gpuscale.core.cron`) evaluated in UTC on the caller's clock
+(seconds since the Unix epoch): a budget with ``schedule`` and ``duration_s`` is active during
+``[hit, hit + duration)`` for every schedule hit.
 """
 
+from gpuscale.core.cron import CronSchedule, parse_cron
 from gpuscale.core.disruption.budgets import (
-    CronSchedule,
     allowed_disruptions,
     budget_active,
     budget_limit,
-    parse_cron,
     pdb_allowances,
 )
 from gpuscale.core.disruption.candidates import (

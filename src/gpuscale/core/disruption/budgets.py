@@ -7,11 +7,9 @@ a budget with ``schedule`` and ``duration_s`` is active during ``[hit, hit + dur
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
-from functools import lru_cache
+from collections.abc import Iterable
 
+from gpuscale.core.cron import parse_cron, window_open
 from gpuscale.core.disruption.values import BudgetVerdict, DisruptionReason, PodDisruptionBudget
 from gpuscale.core.model import (
     DisruptionBudget,
@@ -19,162 +17,6 @@ from gpuscale.core.model import (
     Pod,
 )
 from gpuscale.errors import InputError
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Cron (5 fields: minute hour day-of-month month day-of-week), UTC
-# ---------------------------------------------------------------------------------------------------------------------
-
-_MONTHS = {
-    m: i + 1 for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"))
-}
-_DAYS = {d: i for i, d in enumerate(("sun", "mon", "tue", "wed", "thu", "fri", "sat"))}
-_MACROS = {
-    "@yearly": "0 0 1 1 *",
-    "@annually": "0 0 1 1 *",
-    "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *",
-    "@midnight": "0 0 * * *",
-    "@hourly": "0 * * * *",
-}
-_FIELDS: tuple[tuple[str, int, int, Mapping[str, int]], ...] = (
-    ("minute", 0, 59, {}),
-    ("hour", 0, 23, {}),
-    ("day-of-month", 1, 31, {}),
-    ("month", 1, 12, _MONTHS),
-    ("day-of-week", 0, 7, _DAYS),
-)
-
-
-@dataclass(frozen=True, slots=True)
-class CronSchedule:
-    """A parsed 5-field cron expression. Day-of-week 0 and 7 are Sunday.
-
-    As in cron, when both day-of-month and day-of-week are restricted, a day matches if either matches.
-    """
-
-    expr: str
-    minutes: tuple[int, ...]
-    hours: tuple[int, ...]
-    days: frozenset[int]
-    months: frozenset[int]
-    weekdays: frozenset[int]
-    any_day: bool
-    any_weekday: bool
-
-    def day_matches(self, d: date) -> bool:
-        """True if the schedule fires on calendar day ``d``."""
-        if d.month not in self.months:
-            return False
-        dom = d.day in self.days
-        dow = (d.isoweekday() % 7) in self.weekdays
-        if self.any_day and self.any_weekday:
-            return True
-        if self.any_day:
-            return dow
-        if self.any_weekday:
-            return dom
-        return dom or dow
-
-    def matches(self, t: float) -> bool:
-        """True if the schedule fires at the minute containing Unix time ``t`` (UTC)."""
-        dt = datetime.fromtimestamp(t, tz=UTC)
-        return self.day_matches(dt.date()) and dt.hour in self.hours and dt.minute in self.minutes
-
-    def last_fire(self, t: float, horizon_s: float) -> float | None:
-        """The latest fire time in ``(t - horizon_s, t]``, or None."""
-        limit = t - horizon_s
-        dt = datetime.fromtimestamp(t, tz=UTC)
-        day = dt.date()
-        while True:
-            start = datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp()
-            if start + 86400.0 <= limit:
-                return None
-            if self.day_matches(day):
-                for h in reversed(self.hours):
-                    for m in reversed(self.minutes):
-                        ts = start + h * 3600.0 + m * 60.0
-                        if ts <= t:
-                            return ts if ts > limit else None
-            if day == date.min:
-                return None
-            day -= timedelta(days=1)
-
-
-def _parse_atom(atom: str, lo: int, hi: int, names: Mapping[str, int], where: str, expr: str) -> int:
-    key = atom.lower()
-    if key in names:
-        return names[key]
-    try:
-        v = int(atom)
-    except ValueError:
-        raise InputError(
-            f"cron {where} value is not a number", where=where, value=expr, fix=f"use {lo}-{hi} (or a name)"
-        ) from None
-    if not lo <= v <= hi:
-        raise InputError(f"cron {where} value {v} out of range", where=where, value=expr, fix=f"use {lo}-{hi}")
-    return v
-
-
-def _parse_field(text: str, lo: int, hi: int, names: Mapping[str, int], where: str, expr: str) -> set[int]:
-    out: set[int] = set()
-    for part in text.split(","):
-        if not part:
-            raise InputError(f"empty cron {where} list item", where=where, value=expr, fix="remove the extra comma")
-        base, _, step_s = part.partition("/")
-        step = 1
-        if step_s:
-            try:
-                step = int(step_s)
-            except ValueError:
-                step = 0
-            if step <= 0:
-                raise InputError(f"bad cron {where} step", where=where, value=expr, fix="use a positive step")
-        if base == "*":
-            first, last = lo, hi
-        elif "-" in base:
-            a, _, b = base.partition("-")
-            first = _parse_atom(a, lo, hi, names, where, expr)
-            last = _parse_atom(b, lo, hi, names, where, expr)
-            if first > last:
-                raise InputError(f"cron {where} range is reversed", where=where, value=expr, fix="write low-high")
-        else:
-            first = _parse_atom(base, lo, hi, names, where, expr)
-            last = hi if step_s else first
-        out.update(range(first, last + 1, step))
-    return out
-
-
-@lru_cache(maxsize=256)
-def parse_cron(expr: str, where: str = "schedule") -> CronSchedule:
-    """Parse a 5-field cron expression (``*``, lists, ranges, steps, month/day names, ``@daily``-style macros).
-
-    Raises :class:`~gpuscale.errors.InputError` naming ``where`` and the fix for a malformed expression.
-    """
-    text = _MACROS.get(expr.strip().lower(), expr.strip())
-    fields = text.split()
-    if len(fields) != 5:
-        raise InputError(
-            f"cron expression needs 5 fields, got {len(fields)}",
-            where=where,
-            value=expr,
-            fix='write "minute hour day-of-month month day-of-week", e.g. "0 9 * * 1-5"',
-        )
-    parsed = [
-        _parse_field(f, lo, hi, names, f"{where} ({name})", expr)
-        for f, (name, lo, hi, names) in zip(fields, _FIELDS, strict=True)
-    ]
-    weekdays = frozenset(d % 7 for d in parsed[4])
-    return CronSchedule(
-        expr=expr,
-        minutes=tuple(sorted(parsed[0])),
-        hours=tuple(sorted(parsed[1])),
-        days=frozenset(parsed[2]),
-        months=frozenset(parsed[3]),
-        weekdays=weekdays,
-        any_day=fields[2] == "*",
-        any_weekday=fields[4] == "*",
-    )
 
 
 def budget_limit(budget: DisruptionBudget, total_nodes: int, where: str = "budget.nodes") -> int:
@@ -210,8 +52,7 @@ def budget_active(budget: DisruptionBudget, now: float, where: str = "budget") -
             value=budget.duration_s,
             fix='add e.g. duration: "8h"',
         )
-    cron = parse_cron(budget.schedule, f"{where}.schedule")
-    return cron.last_fire(now, budget.duration_s) is not None
+    return window_open(parse_cron(budget.schedule, f"{where}.schedule"), budget.duration_s, now)
 
 
 def allowed_disruptions(
