@@ -12,6 +12,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 
@@ -45,9 +46,54 @@ def history_start() -> float:
 
 
 @pytest.fixture(scope="module")
-def prom(tmp_path_factory: pytest.TempPathFactory, history_start: float) -> Iterator[tuple[PrometheusClient, str]]:
+def controller() -> Iterator[tuple[str, set[str]] | None]:
+    """The controller's metric set (``gpuscale.kube.metrics``) after two rounds with nodes, a launch failure, a
+    queued GPR and decisions, served on 127.0.0.1: its scrape target and the sample names it exports. None when the
+    controller's metrics module is not installed."""
+    try:
+        import prometheus_client
+
+        from gpuscale.kube import metrics as kube_metrics
+    except ImportError:
+        yield None
+        return
+    m = kube_metrics.ControllerMetrics()
+    now = time.time()
+    gpr = kube_metrics.QueuedGpr
+    m.observe([], [], now - 30, gprs=[gpr("g1", True, now - 90), gpr("g2", True, now - 60)], round_seconds=0.02)
+    m.observe([], [], now, gprs=[gpr("g2", True, now - 60)], result=_Round(), round_seconds=0.04)
+    m.nodes.labels("a100", "Initialized").set(2)
+    m.gpus.labels("a100", "Initialized").set(16)
+    m.cost.labels("a100").set(65.5)
+    m.launches.labels("a100").inc(2)
+    m.failures.labels("a100", "LaunchTimeout").inc()
+    m.pending.set(3)
+    text = prometheus_client.generate_latest(m.registry).decode()
+    exported = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+    server, _ = prometheus_client.start_http_server(0, addr="127.0.0.1", registry=m.registry)
+    try:
+        yield f"127.0.0.1:{server.server_port}", exported
+    finally:
+        server.shutdown()
+
+
+@dataclass
+class _Round:
+    """A reconcile round's counted decisions."""
+
+    planned: bool = True
+    launched: int = 2
+    disrupted: int = 0
+    evicted: int = 0
+    deleted: int = 1
+
+
+@pytest.fixture(scope="module")
+def prom(
+    tmp_path_factory: pytest.TempPathFactory, history_start: float, controller: tuple[str, set[str]] | None
+) -> Iterator[tuple[PrometheusClient, str]]:
     """Prometheus with a backfilled hour of history, scraping a 2-GPU simulated agent at 40 % utilisation (GPU 1 is
-    used by ml/llama-0/server). Yields the client and the agent's scrape target."""
+    used by ml/llama-0/server) and the controller's metrics. Yields the client and the agent's scrape target."""
     tmp = tmp_path_factory.mktemp("prom")
     promtool = tool("promtool")
     data = tmp / "data"
@@ -77,8 +123,15 @@ def prom(tmp_path_factory: pytest.TempPathFactory, history_start: float) -> Iter
         "--pod",
         "1=ml/llama-0/server",
     ]
-    with agent(tmp, args) as a, prometheus(tmp, [a.target], data=data) as p, PrometheusClient(p.url) as client:
+    extra = [controller[0]] if controller else []
+    with (
+        agent(tmp, args) as a,
+        prometheus(tmp, [a.target, *extra], data=data) as p,
+        PrometheusClient(p.url) as client,
+    ):
         wait_for(lambda: len(client.query("DCGM_FI_DEV_GPU_UTIL")) == 2)
+        if controller:
+            wait_for(lambda: client.query("count_over_time(gpuscale_pending_gpu_pods[1m]) >= 2"))
         yield client, a.target
 
 
@@ -104,7 +157,7 @@ def test_the_dcgm_series_arrive_with_the_exporter_labels(prom: tuple[PrometheusC
     used = client.value('DCGM_FI_DEV_FB_USED{gpu="0"}')
     free = client.value('DCGM_FI_DEV_FB_FREE{gpu="0"}')
     assert used + free == 40960 and used == round(40960 * (0.05 + 0.85 * 0.4))
-    assert client.value('up{job="gpuscale-agent"}') == 1.0
+    assert client.value(f'up{{instance="{target}"}}') == 1.0
 
 
 def test_value_errors_come_from_a_real_server(prom: tuple[PrometheusClient, str]) -> None:
@@ -253,3 +306,38 @@ def test_a_syntax_error_in_a_panel_would_be_caught(prom: tuple[PrometheusClient,
     with pytest.raises(QueryRejected):
         client.query(_expand("sum by (Hostname (DCGM_FI_DEV_GPU_UTIL)"))
     assert math.isfinite(client.value(_expand('avg(DCGM_FI_DEV_GPU_UTIL{Hostname=~"$Hostname"})')))
+
+
+def _dashboard_metrics() -> dict[str, set[str]]:
+    board = json.loads(DASHBOARD.read_text())
+    return {t["expr"]: metric_names(t["expr"]) for p in _panels(board) for t in p.get("targets", ()) if "expr" in t}
+
+
+def test_every_controller_metric_the_dashboard_names_is_exported(controller: tuple[str, set[str]] | None) -> None:
+    if controller is None:
+        pytest.skip("gpuscale.kube.metrics is not installed")
+    _, exported = controller
+    used = {n for found in _dashboard_metrics().values() for n in found if not n.startswith("DCGM_")}
+    missing = used - exported - names.PLANNED
+    assert not missing, f"the dashboard names controller metrics the controller does not export: {sorted(missing)}"
+    assert exported & used, "the dashboard shows some of the controller's metrics"
+    assert not (names.PLANNED & exported), "a planned metric is exported now: remove it from names.PLANNED"
+
+
+def test_dashboard_panels_show_the_scraped_controller_and_agent(
+    prom: tuple[PrometheusClient, str], controller: tuple[str, set[str]] | None
+) -> None:
+    if controller is None:
+        pytest.skip("gpuscale.kube.metrics is not installed")
+    client, _ = prom
+    _, exported = controller
+    assert client.value("count(up == 1)") == 2
+    empty = [
+        expr
+        for expr, found in _dashboard_metrics().items()
+        if found <= exported | set(names.DCGM) and not client.query(_expand(expr))
+    ]
+    assert not empty, f"panels with no data although their metrics are scraped: {empty}"
+    assert client.value("sum(gpuscale_hourly_cost_dollars)") == 65.5
+    assert client.value("sum(gpuscale_gpr_queue_length)") == 1
+    assert client.value('sum(gpuscale_launch_failures_total{reason="LaunchTimeout"})') == 1

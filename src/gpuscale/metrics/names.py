@@ -45,6 +45,11 @@ CONTROLLER = MappingProxyType(
 )
 """Controller metric names the dashboard and rules use (base names; histograms add _bucket/_sum/_count)."""
 
+PLANNED = frozenset(
+    {"gpuscale_scaler_desired_replicas", "gpuscale_scaler_current_replicas", "gpuscale_budget_granted_gpus"}
+)
+"""Names in :data:`CONTROLLER` the controller does not export yet (the in-cluster scaler and budget reconcile)."""
+
 
 def known(name: str) -> bool:
     """Whether ``name`` (or the histogram/summary base it is a sample of) is a metric gpuscale produces."""
