@@ -1,0 +1,129 @@
+"""End to end: the HPA computation (``gpuscale.core.autoscale.hpa``) polls a real Prometheus that scrapes
+``gpuscale agent --simulate`` playing a load curve, and scales a simulated deployment; the replicas at each poll
+match the HPA steps computed by hand below."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from gpuscale.core.autoscale.hpa import (
+    Behavior,
+    HpaSpec,
+    HpaState,
+    MetricKind,
+    MetricTarget,
+    PodCounts,
+    PolicyType,
+    Sample,
+    ScalingPolicy,
+    ScalingRules,
+    decide,
+)
+from gpuscale.errors import MetricsError
+from gpuscale.metrics.prometheus import MetricSource, PrometheusClient
+from prom_harness import agent, free_port, prometheus, wait_for
+
+WARMUP_S = 1.5
+"""Before the first plateau (the first scrapes come meanwhile)."""
+PLATEAU_S = 1.5
+"""Real seconds per plateau; one poll in the middle of each. The HPA's clock counts 2 s per plateau (t below)."""
+UTIL = (25, 100, 100, 100, 30, 30, 10)
+"""Per-GPU utilisation (%) of the agent's two GPUs on each plateau; the query sums them."""
+QUERY = "sum(DCGM_FI_DEV_GPU_UTIL)"
+TARGET = 50.0
+"""AverageValue target: 50 utilisation points per replica (KEDA's default metric type)."""
+SPEC = HpaSpec(
+    min_replicas=1,
+    max_replicas=10,
+    metrics=(MetricTarget("gpu", MetricKind.AVERAGE_VALUE, TARGET),),
+    behavior=Behavior(
+        scale_up=ScalingRules(0, (ScalingPolicy(PolicyType.PODS, 2, 4),)),
+        scale_down=ScalingRules(3, (ScalingPolicy(PolicyType.PODS, 1, 2),)),
+    ),
+)
+EXPECTED = [
+    # (t, total, replicas after the poll, HPA condition)
+    (1, 50, 1, "DesiredWithinRange"),  # 50 / (50 x 1) = 1.0: within tolerance
+    (3, 200, 3, "ScaleUpLimit"),  # ceil(200 / 50) = 4, but +2 pods per 4 s from 1 caps at 3
+    (5, 200, 3, "ScaleUpLimit"),  # 4 again; the +2 at t=3 is inside the 4 s period: still capped at 1 + 2 = 3
+    (7, 200, 4, "DesiredWithinRange"),  # the t=3 event has left the period: 3 + 2 = 5 >= 4
+    (9, 60, 4, "ScaleDownStabilized"),  # ceil(60 / 50) = 2, but the 3 s window still holds t=7's 4
+    (11, 60, 3, "ScaleDownLimit"),  # window holds only t=9's 2; -1 pod per 2 s floors it at 3
+    (13, 20, 2, "ScaleDownStabilized"),  # ceil(20 / 50) = 1; the window holds t=11's 2
+]
+
+
+@dataclass
+class SimDeployment:
+    """A deployment whose pods are all ready at once; records every scale."""
+
+    replicas: int
+    history: list[tuple[float, int]] = field(default_factory=list)
+
+    def scale(self, t: float, replicas: int) -> None:
+        if replicas != self.replicas:
+            self.history.append((t, replicas))
+        self.replicas = replicas
+
+
+def _curve() -> str:
+    points = [f"0:{UTIL[0]}"]
+    for i, u in enumerate(UTIL):
+        points += [f"{WARMUP_S + i * PLATEAU_S + 0.01:g}:{u}", f"{WARMUP_S + (i + 1) * PLATEAU_S:g}:{u}"]
+    return ",".join(points)
+
+
+def _sample(source: MetricSource, query: str) -> Sample:
+    try:
+        return Sample(source.value(query))
+    except MetricsError as exc:  # a failed metric: the HPA keeps the current count and the loop tries next poll
+        return Sample(None, note=str(exc))
+
+
+def test_the_hpa_scales_a_simulated_deployment_from_real_prometheus_metrics(tmp_path: Path) -> None:
+    port = free_port()
+    args = ["--simulate", "--gpus", "2", "--model", "l4", "--curve", _curve(), "--hostname", "e2e", "--port", str(port)]
+    with prometheus(tmp_path, [f"127.0.0.1:{port}"], scrape_interval="200ms") as p, PrometheusClient(p.url) as client:
+        wait_for(lambda: client.query("up"))  # the target is known (and down) before the curve starts
+        with agent(tmp_path, args) as a:
+            wait_for(lambda: client.query(QUERY), timeout=WARMUP_S)
+            deployment = SimDeployment(replicas=1)
+            state = HpaState()
+            seen = []
+            for i, (t, *_) in enumerate(EXPECTED):
+                delay = a.started + WARMUP_S + (i + 0.5) * PLATEAU_S - time.time()
+                assert delay > 0.2, f"fell behind the curve by {-delay:.2f}s"
+                time.sleep(delay)
+                sample = _sample(client, QUERY)
+                decision = decide(
+                    SPEC, deployment.replicas, {"gpu": sample}, PodCounts(deployment.replicas), state, float(t)
+                )
+                state = decision.state
+                deployment.scale(t, decision.desired)
+                seen.append((t, sample.value, deployment.replicas, decision.condition))
+    assert seen == EXPECTED, "\n".join(map(str, seen))
+    assert deployment.history == [(3, 3), (7, 4), (11, 3), (13, 2)]
+
+
+def test_the_expected_steps_are_the_hpa_computation_on_the_same_values() -> None:
+    """The hand-computed table agrees with the HPA computation fed the plateau values directly, so a difference in
+    the end-to-end test is a difference in what came through Prometheus."""
+    replicas, state = 1, HpaState()
+    for t, total, want, condition in EXPECTED:
+        assert total == 2 * UTIL[t // 2]
+        d = decide(SPEC, replicas, {"gpu": Sample(float(total))}, PodCounts(replicas), state, float(t))
+        replicas, state = d.desired, d.state
+        assert (replicas, d.condition) == (want, condition), (t, d.reason)
+
+
+@pytest.mark.parametrize("plateau", range(len(UTIL)))
+def test_the_curve_string_holds_each_plateau(plateau: int) -> None:
+    from gpuscale.metrics.gpus import LoadCurve
+
+    curve = LoadCurve.parse(_curve())
+    for offset in (0.05, PLATEAU_S / 2, PLATEAU_S - 0.05):
+        assert curve.at(WARMUP_S + plateau * PLATEAU_S + offset) == UTIL[plateau]
