@@ -25,6 +25,7 @@ from gpuscale.errors import (
 )
 from gpuscale.metrics import names
 from gpuscale.metrics.prometheus import PrometheusClient
+from gpuscale.metrics.usage import Workload, cpu_cores, gpu_memory, memory_mib
 from prom_harness import ROOT, agent, free_port, prometheus, tool, wait_for
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "gpuscale-dashboard.json"
@@ -38,6 +39,14 @@ HISTORY_POD = {"namespace": "ml", "pod": "train-0", "container": "trainer"}
 def _history_value(i: int) -> float:
     """GPU memory used (MiB) by the backfilled pod at minute ``i``: a ramp with a peak at minute 45."""
     return 20000.0 + 300.0 * i if i <= 45 else 33500.0 - 500.0 * (i - 45)
+
+
+CPU_CORES = {"train-0": 0.5, "train-1": 1.5}
+"""Constant CPU use (cores) of the backfilled pods' trainer containers."""
+
+
+def _memory_mib(pod: str, i: int) -> float:
+    return 1000.0 + 10.0 * i if pod == "train-0" else 2000.0
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +110,21 @@ def prom(
     labels = 'Hostname="history-node",gpu="0",modelName="NVIDIA A100-SXM4-40GB",' + ",".join(
         f'{k}="{v}"' for k, v in HISTORY_POD.items()
     )
+    steps = [(i, history_start + 60 * i) for i in range(HISTORY_STEPS)]
     lines = ["# TYPE DCGM_FI_DEV_FB_USED gauge"]
-    lines += [
-        f"DCGM_FI_DEV_FB_USED{{{labels}}} {_history_value(i)} {history_start + 60 * i:.0f}"
-        for i in range(HISTORY_STEPS)
-    ]
+    lines += [f"DCGM_FI_DEV_FB_USED{{{labels}}} {_history_value(i)} {t:.0f}" for i, t in steps]
+    lines += ["# TYPE DCGM_FI_DEV_FB_FREE gauge"]
+    lines += [f"DCGM_FI_DEV_FB_FREE{{{labels}}} {40960 - _history_value(i)} {t:.0f}" for i, t in steps]
+    lines += ["# TYPE container_cpu_usage_seconds counter"]
+    for pod, cores in CPU_CORES.items():
+        sel = f'namespace="ml",pod="{pod}",container="trainer"'
+        lines += [f"container_cpu_usage_seconds_total{{{sel}}} {cores * 60 * i} {t:.0f}" for i, t in steps]
+    lines += ["# TYPE container_memory_working_set_bytes gauge"]
+    for pod in CPU_CORES:
+        sel = f'namespace="ml",pod="{pod}",container="trainer"'
+        lines += [
+            f"container_memory_working_set_bytes{{{sel}}} {_memory_mib(pod, i) * 2**20:.0f} {t:.0f}" for i, t in steps
+        ]
     om.write_text("\n".join([*lines, "# EOF", ""]))
     subprocess.run(
         [promtool, "tsdb", "create-blocks-from", "openmetrics", str(om), str(data)], check=True, capture_output=True
@@ -341,3 +360,28 @@ def test_dashboard_panels_show_the_scraped_controller_and_agent(
     assert client.value("sum(gpuscale_hourly_cost_dollars)") == 65.5
     assert client.value("sum(gpuscale_gpr_queue_length)") == 1
     assert client.value('sum(gpuscale_launch_failures_total{reason="LaunchTimeout"})') == 1
+
+
+def test_right_sizing_usage_reads_back_from_the_backfilled_history(
+    prom: tuple[PrometheusClient, str], history_start: float
+) -> None:
+    client, _ = prom
+    trainers = Workload("ml", "train-.*", "trainer")
+    start, end = history_start + 600, history_start + 60 * (HISTORY_STEPS - 1)
+    n = (HISTORY_STEPS - 1) - 10 + 1
+    cpu = cpu_cores(client, trainers, start, end, 60)
+    assert len(cpu) == 2 * n and [t for t, _ in cpu[::2]] == [start + 60 * k for k in range(n)]
+    assert sorted(v for _, v in cpu) == pytest.approx([0.5] * n + [1.5] * n)
+    memory = memory_mib(client, trainers, start, end, 60)
+    want = sorted((history_start + 60 * i, _memory_mib(p, i)) for p in CPU_CORES for i in range(10, HISTORY_STEPS))
+    assert memory == want
+    used, total = gpu_memory(client, Workload("ml", "train-0"), history_start, end, 60)
+    assert total == 40960 and [v for _, v in used] == [_history_value(i) for i in range(HISTORY_STEPS)]
+    assert gpu_memory(client, Workload("ml", "nobody"), history_start, end, 60) == ([], None)
+    assert cpu_cores(client, Workload("ml", 'x"y'), start, end, 60) == []  # quoted, not a syntax error
+    try:
+        from gpuscale.core.autoscale import rightsize
+    except ImportError:  # part A's right-sizer not present
+        return
+    advice = rightsize.gpu_advice(rightsize.GpuUsage("ml/train", used, total))
+    assert advice.peak_mib == _history_value(45) and advice.total_mib == 40960
