@@ -152,6 +152,7 @@ def test_deployment_wiring() -> None:
     assert c["args"][0] == "controller"
     flags = dict(a.removeprefix("--").partition("=")[::2] for a in c["args"][1:])
     assert flags["provider"] == "linode" and "leader-elect" in flags
+    assert flags["namespace"] == "$(POD_NAMESPACE)", "the Lease lives where the Role grants it"
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"metrics": int(flags["metrics-port"]), "health": int(flags["health-port"])}
     assert (c["livenessProbe"]["httpGet"], c["readinessProbe"]["httpGet"]) == (
