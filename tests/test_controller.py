@@ -829,7 +829,7 @@ def test_cloud_states_are_adopted() -> None:
 
 
 def test_pod_moves_name_nodes_a_pod_left_and_nodes_whose_pods_changed() -> None:
-    from gpuscale.controller.loop import _pod_moves
+    from gpuscale.controller.consolidation import pod_moves as _pod_moves
 
     a, b, c = gpod("a"), gpod("b"), gpod("c")
     before = {"n1": [a, b], "n2": [c], "n3": [gpod("d")]}

@@ -36,18 +36,17 @@ from gpuscale.controller.availability import Availability
 from gpuscale.controller.backend import ClusterBackend, Event
 from gpuscale.controller.claims import ClaimTable
 from gpuscale.controller.config import ControllerConfig
+from gpuscale.controller.consolidation import ConsolidationGate
 from gpuscale.controller.launcher import Launcher, apply_mark
 from gpuscale.core import labels as L
 from gpuscale.core.disruption import (
     SPOT_FALLBACK_LABEL,
     ActionKind,
     DisruptionAction,
-    DisruptionReason,
+    DisruptionPlan,
     KeepReason,
     PodDisruptionBudget,
-    classify_node,
     do_not_disrupt,
-    free_room,
     pdb_allowances,
     plan_disruption,
     pool_offerings,
@@ -76,7 +75,6 @@ from gpuscale.core.nodeclaim import (
     transition,
 )
 from gpuscale.core.plan import BlockReason, PlannerConfig, ScaleUpPlan
-from gpuscale.core.predicates import static_fit
 from gpuscale.core.reconcile import (
     ClearRetry,
     Cordon,
@@ -163,29 +161,18 @@ class _World:
         self._by_node, self._unbound = out, free
 
 
-def _pod_moves(before: Mapping[str, Sequence[Pod]], after: Mapping[str, Sequence[Pod]]) -> tuple[set[str], set[str]]:
-    """Between two observations' bound pods by node: (nodes some pod left, nodes whose set of pods changed).
-
-    Only nodes whose pod lists differ are compared by pod key (lists of the same objects are equal at once)."""
-    left: set[str] = set()
-    moved: set[str] = set()
-    for name in before.keys() | after.keys():
-        old, new = before.get(name, ()), after.get(name, ())
-        if old == new:
-            continue
-        old_keys = {p.key for p in old}
-        new_keys = {p.key for p in new}
-        if old_keys != new_keys:
-            moved.add(name)
-            if not old_keys <= new_keys:
-                left.add(name)
-    return left, moved
-
-
 def _default_planner() -> PlanFn:
     from gpuscale.core.planner import plan
 
     return plan
+
+
+@dataclass(frozen=True, slots=True)
+class _DisruptionInputs:
+    pods: list[Pod]
+    nodes: list[Node]
+    protected: frozenset[str]
+    unavailable: dict[OfferingKey, float]
 
 
 _LIVE_PHASES = ("Pending", "Running", "")
@@ -225,6 +212,7 @@ class Controller:
         *,
         planner: PlanFn | None = None,
         availability: Availability | None = None,
+        check_gate: bool = False,
     ) -> None:
         self.backend = backend
         self.provider = provider
@@ -250,7 +238,6 @@ class Controller:
         """Request ids, launches and their retries at due times."""
         self._involuntary: set[str] = set()
         self._replacements: dict[str, tuple[tuple[str, ...], DisruptionAction]] = {}
-        self._since: dict[str, float] = {}
         self._orphan_since: dict[str, float] = {}
         self._batch_start: float | None = None
         self._batch_last: float = -math.inf
@@ -259,7 +246,6 @@ class Controller:
         self._last_plan_at = -math.inf
         self._last_signature: object = None
         self._planned_on_node: dict[str, str] = {}
-        self._class_cache: dict[str, DisruptionReason | None] = {}
         self._unlisted: set[str] = set()
         self._listed_nodes: tuple[object, dict[str, Node]] = (None, {})
         self._listed_cloud: tuple[object, list[CloudNode]] = (None, [])
@@ -268,18 +254,9 @@ class Controller:
         self._synced: tuple[object, int] | None = None
         """(cloud list, claim table version) after a claim sync that left nothing to wait for."""
         self._static_blocked: set[str] = set()
-        self._last_disruption_at = -math.inf
-        self._disruption_skipped = False
-        self._disruption_signature: object = None
-        self._futile: dict[str, tuple[frozenset[str], float]] = {}
-        self._room_state: tuple[dict[str, list[Pod]], dict[str, Resources], frozenset[str], frozenset[OfferingKey]] = (
-            {},
-            {},
-            frozenset(),
-            frozenset(),
-        )
-        self._last_evaluation = -math.inf
-        self._measured = any(p.disruption.use_measured_gpu_utilization for p in self.pools.values())
+        self.gate = ConsolidationGate(self.pools, self.config, check=check_gate)
+        """The consolidation step's clocks, caches and skips."""
+        self._measured = self.gate.measured
         """Some pool judges utilisation by measured GPU use, so the backend's metrics are read every round."""
         self._reported: dict[str, str] = {}
         self._wake_times: list[float] | None = None
@@ -362,12 +339,7 @@ class Controller:
         times += [t + self.config.orphan_grace_s for t in self._orphan_since.values()]
         if self._seen_pending:
             times += self.availability.expiries()
-        for name, t in self._since.items():
-            pool = self._pool_of_node(name)
-            if pool is not None:
-                times.append(t + pool.disruption.wait_s(self._class_cache.get(name) is DisruptionReason.EMPTY))
-        if self._disruption_skipped:
-            times.append(self._last_disruption_at + self.config.disruption_interval_s)
+        times += self.gate.wake_times(self._pool_of_node)
         return times
 
     # --------------------------------------------------------------------------------------------- observing
@@ -439,7 +411,7 @@ class Controller:
             elif isinstance(a, DrainStarted):
                 if a.involuntary:
                     self._involuntary.add(a.key)
-                self._since.pop(a.node_name, None)
+                self.gate.forget(a.node_name)
             elif isinstance(a, ClearRetry):
                 self.launcher.listed(a.key)
             elif isinstance(a, DropReplacement):
@@ -454,7 +426,7 @@ class Controller:
         self._involuntary.discard(key)
         self._delete_retry_at.pop(key, None)
         if claim.node_name:
-            self._since.pop(claim.node_name, None)
+            self.gate.forget(claim.node_name)
             self._reported.pop(f"node/{claim.node_name}", None)
 
     def _claim_by_node_name(self, name: str) -> tuple[str, NodeClaim] | None:
@@ -881,6 +853,7 @@ class Controller:
         now = w.now
         if not self.config.consolidation:
             return
+        gate = self.gate
         candidates: set[str] = set()
         disrupting: set[str] = set(self._replacements)
         replacing = self._replacements
@@ -891,106 +864,52 @@ class Controller:
                 candidates.add(name)
         disrupting.update(c.node_name for _, c in self.claims.in_phases(_LEAVING) if c.node_name)
         by_node = w.by_node()
-
-        def on_node(name: str) -> frozenset[str]:
-            return frozenset(p.key for p in by_node.get(name, ()))
-
-        # A node kept for a reason only a cluster change can lift (its pods fit nowhere, budgets, PDBs, ...) is not
-        # simulated again until something that could lift it changes: room appears (a pod leaves a node, a node
-        # joins or gains GPUs), a disruption finishes, offerings change, its own pods change, or the retry period
-        # ends.
-        room = {n.name: n.allocatable for n in w.nodes.values() if not n.unschedulable}
         unavailable_now = frozenset(k for k, t in self.availability.offerings.items() if t > now)
-        prev_by_node, prev_room, prev_disrupting, prev_unavailable = self._room_state
-        left_some, pods_moved = _pod_moves(prev_by_node, by_node)  # nodes a pod left; nodes whose pods changed
-        changed = disrupting != prev_disrupting or unavailable_now != prev_unavailable
-        changed = changed or (bool(w.pdbs) and bool(pods_moved))
-        room_grew = {name for name, a in room.items() if (b := prev_room.get(name)) is None or (b is not a and b != a)}
-        grown = left_some | room_grew
-        touched = pods_moved | room_grew | (prev_room.keys() - room.keys())
-        self._room_state = (by_node, room, frozenset(disrupting), unavailable_now)
-        self._futile = {
-            n: (pods, until)
-            for n, (pods, until) in self._futile.items()
-            if not changed
-            and until > now
-            and n in candidates
-            and pods == on_node(n)
-            and not self._may_move_to(pods, grown - {n}, w, by_node)
-        }
-        resting = set(self._futile)
-        # Start consolidateAfter clocks (cheap); simulate only when some candidate's clock has run out.
-        classes = self._classify(candidates, w, touched, by_node)
-        # a node's clock runs from when it became a candidate, whatever its reason since (see docs/controller.md)
-        self._since = {n: self._since.get(n, now) for n in classes}
-        due = [
-            n
-            for n, why in classes.items()
-            if n not in resting and (why is DisruptionReason.DRIFTED or now - self._since[n] >= self._after(n))
-        ]
-        if not due:
-            self._disruption_skipped = False
-            return
-        if now - self._last_disruption_at < self.config.disruption_interval_s:
-            self._disruption_skipped = True
-            return
-        self._disruption_skipped = False
-        self._last_disruption_at = now
-        candidates = set(due)  # nodes still waiting out consolidateAfter cannot be acted on this round
-        # Pending pods already planned onto existing nodes hold their room there, and protect those nodes.
-        pods = list(w.pods)
-        protected: set[str] = set()
-        planned = {k: v for k, v in self._planned_on_node.items() if v in w.nodes}
-        for c in self.claims.values():
-            if c.node_name in w.nodes and c.phase in (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED):
-                planned.update((k, c.node_name) for k in c.pods if k not in planned)
-        if planned:
-            protected = set(planned.values())
-            pods = [replace(p, node_name=planned[p.key]) if p.pending and p.key in planned else p for p in pods]
-        nodes = list(w.nodes.values())
-        for key, c in self.claims.items():
-            if c.phase in (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED) and c.node_name not in w.nodes:
-                nodes.append(self._launching_node(key, c))
-        unavailable = self.availability.unavailable_at(now)
-        measured = self._measured
-        signature = (
-            frozenset((n.name, n.unschedulable, n.allocatable, n.launching) for n in nodes),
-            frozenset((p.key, p.node_name) for p in pods if p.node_name is not None),
-            frozenset(candidates),
-            frozenset(disrupting),
-            frozenset(protected),
-            frozenset(unavailable),
-            frozenset((k, round(v, 1)) for k, v in w.utilization.items()) if measured else None,
-        )
-        timer_due = any(self._last_evaluation < t + self._after(name) <= now for name, t in self._since.items())
-        if (
-            signature == self._disruption_signature
-            and not timer_due
-            and now - self._last_evaluation < self.config.consolidation_refresh_s
-        ):
-            return  # nothing changed that could change a decision
-        self._disruption_signature = signature
-        self._last_evaluation = now
-        dp = plan_disruption(
-            nodes,
-            pods,
-            list(self.pools.values()),
-            self.catalog,
+        last_pass = gate.last_pass_at
+        due = gate.select(
+            candidates,
+            disrupting,
+            w.nodes,
+            by_node,
+            w.pods,
+            bool(w.pdbs),
+            w.utilization,
+            unavailable_now,
             now,
-            since=self._since,
-            candidates=candidates,
-            disrupting=disrupting,
-            protected=protected,
-            pdbs=w.pdbs,
-            utilization=w.utilization,
-            unavailable=unavailable,
-            allow_replace=self.config.replace_nodes,
+            self._pool_of_node,
         )
-        self._since.update(dp.since)
+        reference = None
+        if gate.check and now - last_pass >= self.config.disruption_interval_s:
+            ref_due = gate.reference_due(candidates, w.nodes, by_node, w.utilization, now, self._pool_of_node)
+            if ref_due:
+                ref = self._disruption_pass(self._disruption_inputs(w), set(ref_due), disrupting, dict(gate.since), w)
+                reference = {(a.node, str(a.kind), str(a.reason)) for a in ref.actions}
+        dp = None
+        protected: frozenset[str] = frozenset()
+        if gate.open_pass(due, now):
+            candidates = set(due)  # nodes still waiting out consolidateAfter cannot be acted on this round
+            inputs = self._disruption_inputs(w)
+            protected = inputs.protected
+            signature = (
+                frozenset((n.name, n.unschedulable, n.allocatable, n.launching) for n in inputs.nodes),
+                frozenset((p.key, p.node_name) for p in inputs.pods if p.node_name is not None),
+                frozenset(candidates),
+                frozenset(disrupting),
+                protected,
+                frozenset(inputs.unavailable),
+                frozenset((k, round(v, 1)) for k, v in w.utilization.items()) if self._measured else None,
+            )
+            if gate.inputs_changed(signature, now, self._pool_of_node):
+                dp = self._disruption_pass(inputs, candidates, disrupting, gate.since, w)
+        if gate.check and (reference is not None or dp is not None):
+            cached = {(a.node, str(a.kind), str(a.reason)) for a in dp.actions} if dp is not None else set()
+            gate.compare(now, cached, reference or set())
+        if dp is None:
+            return
+        gate.since.update(dp.since)
         for kept in dp.kept:
             if kept.reason is not KeepReason.WAITING and kept.node not in protected:
-                pods_now = on_node(kept.node)
-                self._futile[kept.node] = (pods_now, now + self.config.consolidation_retry_s)
+                gate.rest(kept.node, frozenset(p.key for p in by_node.get(kept.node, ())), now)
             if kept.reason is not KeepReason.WAITING:
                 self._report(f"node/{kept.node}", str(kept.reason), EventKind.DISRUPTION_BLOCKED, now, kept.message)
         for action in dp.actions:
@@ -1047,59 +966,47 @@ class Controller:
                     f"only {len(rids)} of {len(action.replacements)} replacement nodes launched; node kept",
                 )
 
-    def _classify(
-        self, candidates: set[str], w: _World, touched: set[str], by_node: Mapping[str, Sequence[Pod]]
-    ) -> dict[str, DisruptionReason]:
-        """Candidate reason per node, recomputed only for nodes whose pods or capacity changed (``touched``) or that
-        just became candidates; measured-utilisation pools are recomputed every time."""
-        measured = self._measured
-        redo = {n for n in candidates if measured or n in touched or n not in self._class_cache}
-        cache: dict[str, DisruptionReason | None] = {}
-        out: dict[str, DisruptionReason] = {}
-        for name in candidates:
-            if name in redo:
-                n = w.nodes.get(name)
-                pool = self.pools.get(n.pool or "") if n is not None else None
-                if n is None or pool is None or n.unschedulable or n.launching:
-                    continue
-                why = classify_node(n, pool, by_node.get(name, []), w.utilization)
-            else:
-                why = self._class_cache[name]
-            cache[name] = why
-            if why is not None:
-                out[name] = why
-        self._class_cache = cache
-        return out
+    def _disruption_inputs(self, w: _World) -> _DisruptionInputs:
+        """Pods (pending ones already planned onto existing nodes hold their room there and protect those nodes),
+        nodes (with nodes in flight), and the unavailable offerings, as a pass sees them."""
+        pods = list(w.pods)
+        protected: frozenset[str] = frozenset()
+        planned = {k: v for k, v in self._planned_on_node.items() if v in w.nodes}
+        for c in self.claims.values():
+            if c.node_name in w.nodes and c.phase in (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED):
+                planned.update((k, c.node_name) for k in c.pods if k not in planned)
+        if planned:
+            protected = frozenset(planned.values())
+            pods = [replace(p, node_name=planned[p.key]) if p.pending and p.key in planned else p for p in pods]
+        nodes = list(w.nodes.values())
+        for key, c in self.claims.items():
+            if c.phase in (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED) and c.node_name not in w.nodes:
+                nodes.append(self._launching_node(key, c))
+        return _DisruptionInputs(pods, nodes, protected, self.availability.unavailable_at(w.now))
 
-    def _may_move_to(
-        self, pod_keys: frozenset[str], targets: set[str], w: _World, by_node: Mapping[str, Sequence[Pod]]
-    ) -> bool:
-        """True if any of the pods might fit on any of ``targets`` (an over-estimate: total free GPU, CPU, memory).
-
-        Room that grew only on nodes none of a node's pods fit leaves the outcome of re-simulating it unchanged.
-        """
-        nodes = [w.nodes[t] for t in targets if t in w.nodes and not w.nodes[t].unschedulable]
-        if not nodes or not pod_keys:
-            return False
-        movers = [p for p in w.pods if p.key in pod_keys]
-        for n in nodes:
-            cpu, mem, gpu, _ = free_room(n, by_node.get(n.name, ()))
-            for p in movers:
-                r = p.request
-                if (
-                    r.cpu_milli <= cpu
-                    and r.memory_mib <= mem
-                    and r.gpu_demand_milli <= gpu
-                    and static_fit(p, n.labels, n.taints) is None
-                ):
-                    return True
-        return False
-
-    def _after(self, node_name: str) -> float:
-        """How long the node must stay a candidate: its pool's wait for empty or for underutilised nodes."""
-        pool = self._pool_of_node(node_name)
-        empty = self._class_cache.get(node_name) is DisruptionReason.EMPTY
-        return pool.disruption.wait_s(empty) if pool is not None else 0.0
+    def _disruption_pass(
+        self,
+        inputs: _DisruptionInputs,
+        candidates: set[str],
+        disrupting: set[str],
+        since: Mapping[str, float],
+        w: _World,
+    ) -> DisruptionPlan:
+        return plan_disruption(
+            inputs.nodes,
+            inputs.pods,
+            list(self.pools.values()),
+            self.catalog,
+            w.now,
+            since=since,
+            candidates=candidates,
+            disrupting=disrupting,
+            protected=set(inputs.protected),
+            pdbs=w.pdbs,
+            utilization=w.utilization,
+            unavailable=inputs.unavailable,
+            allow_replace=self.config.replace_nodes,
+        )
 
     def _drain_and_delete(self, w: _World, result: ReconcileResult) -> None:
         now = w.now

@@ -1,0 +1,301 @@
+"""The consolidation gate: the consolidation step's clocks, caches and skips, owned by one object.
+
+A controller asks "should some node be consolidated?" every round, but the answer rarely changes, and the pass that
+answers it (:func:`gpuscale.core.disruption.plan_disruption`) simulates moving pods. :class:`ConsolidationGate`
+keeps what lets most rounds skip it:
+
+- **consolidateAfter clocks** (``since``): when each candidate became one; a node is *due* once its pool's wait
+  (for empty or for underutilised nodes) has passed, a drifted node at once;
+- **candidate reasons** (``classes``): a node's reason (empty, underutilised, drifted, none) is recomputed only when
+  its pods or capacity changed, or always for pools that judge by measured utilisation;
+- **resting nodes** (``futile``): a node kept for a reason only a cluster change can lift (its pods fit nowhere
+  cheaper, a budget, a PDB) is not due again until room appears on a node one of its pods could use, its own pods
+  change, a disruption starts or ends, offerings change, pods move while PDBs exist, or ``consolidationRetry``
+  passes;
+- **the pass rate** (``disruptionInterval``) and **the unchanged-inputs skip**: a pass whose inputs (nodes, bound
+  pods, due candidates, disruptions, protected nodes, unavailable offerings, measured utilisation) equal the last
+  evaluated ones is skipped unless a clock ran out or ``consolidationRefresh`` passed.
+
+**Invariant** (what makes the caches safe): every skip only drops work whose answer is "no action". A node the gate
+rests, and a pass it skips, would have produced no consolidation action had everything been evaluated from scratch
+that round: the decisions equal those of an uncached gate that classifies every candidate afresh and passes every
+due candidate to the planner whenever the pass rate allows. ``check=True`` evaluates that uncached reference beside
+every round and records each difference in :attr:`ConsolidationGate.mismatches` (tests assert there are none).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from gpuscale.controller.config import ControllerConfig
+from gpuscale.core.disruption import DisruptionReason, classify_node, free_room
+from gpuscale.core.model import Node, NodePool, OfferingKey, Pod
+from gpuscale.core.predicates import static_fit
+from gpuscale.core.resources import Resources
+
+PoolOf = Callable[[str], NodePool | None]
+"""The pool of a node name (through its claim)."""
+
+
+def pod_moves(before: Mapping[str, Sequence[Pod]], after: Mapping[str, Sequence[Pod]]) -> tuple[set[str], set[str]]:
+    """Between two observations' bound pods by node: (nodes some pod left, nodes whose set of pods changed).
+
+    Only nodes whose pod lists differ are compared by pod key (lists of the same objects are equal at once)."""
+    left: set[str] = set()
+    moved: set[str] = set()
+    for name in before.keys() | after.keys():
+        old, new = before.get(name, ()), after.get(name, ())
+        if old == new:
+            continue
+        old_keys = {p.key for p in old}
+        new_keys = {p.key for p in new}
+        if old_keys != new_keys:
+            moved.add(name)
+            if not old_keys <= new_keys:
+                left.add(name)
+    return left, moved
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    """A round where the cached decisions differ from the uncached reference (check mode)."""
+
+    at: float
+    what: str
+    cached: object
+    reference: object
+
+
+class ConsolidationGate:
+    """Clocks, caches and skips of the consolidation step (see the module docstring for the invariant)."""
+
+    def __init__(self, pools: Mapping[str, NodePool], config: ControllerConfig, *, check: bool = False) -> None:
+        self.pools = pools
+        self.config = config
+        self.check = check
+        self.measured = any(p.disruption.use_measured_gpu_utilization for p in pools.values())
+        """Some pool judges utilisation by measured GPU use (its reasons are recomputed every round)."""
+        self.since: dict[str, float] = {}
+        """Candidate node -> when it became a candidate (its consolidateAfter clock)."""
+        self.classes: dict[str, DisruptionReason | None] = {}
+        """Candidate node -> its reason at the last look."""
+        self.futile: dict[str, tuple[frozenset[str], float]] = {}
+        """Resting node -> (its pods when it was kept, when to look again anyway)."""
+        self._room: tuple[
+            Mapping[str, Sequence[Pod]], Mapping[str, Resources], frozenset[str], frozenset[OfferingKey]
+        ] = (
+            {},
+            {},
+            frozenset(),
+            frozenset(),
+        )
+        self.last_pass_at = -math.inf
+        self.skipped = False
+        """Some candidate was due but the pass rate held it back (wake up when the interval ends)."""
+        self._signature: object = None
+        self.last_evaluation = -math.inf
+        self.mismatches: list[Mismatch] = []
+
+    # ------------------------------------------------------------------------------------------------ clocks
+    def forget(self, node_name: str) -> None:
+        """The node stopped being a candidate for good (draining, gone)."""
+        self.since.pop(node_name, None)
+
+    def wait_s(self, node_name: str, pool_of: PoolOf) -> float:
+        """How long the node must stay a candidate: its pool's wait for empty or for underutilised nodes."""
+        pool = pool_of(node_name)
+        empty = self.classes.get(node_name) is DisruptionReason.EMPTY
+        return pool.disruption.wait_s(empty) if pool is not None else 0.0
+
+    def wake_times(self, pool_of: PoolOf) -> list[float]:
+        """When a clock runs out, and when a held-back pass may run."""
+        times: list[float] = []
+        for name, t in self.since.items():
+            pool = pool_of(name)
+            if pool is not None:
+                times.append(t + pool.disruption.wait_s(self.classes.get(name) is DisruptionReason.EMPTY))
+        if self.skipped:
+            times.append(self.last_pass_at + self.config.disruption_interval_s)
+        return times
+
+    # ------------------------------------------------------------------------------------------------ selecting
+    def select(
+        self,
+        candidates: set[str],
+        disrupting: set[str],
+        nodes: Mapping[str, Node],
+        by_node: Mapping[str, Sequence[Pod]],
+        pods: Sequence[Pod],
+        has_pdbs: bool,
+        utilization: Mapping[str, float],
+        unavailable_now: frozenset[OfferingKey],
+        now: float,
+        pool_of: PoolOf,
+    ) -> list[str]:
+        """The candidates due for a pass now: reasons refreshed where something changed, clocks started, resting
+        nodes left out (unless what rests them changed)."""
+
+        def on_node(name: str) -> frozenset[str]:
+            return frozenset(p.key for p in by_node.get(name, ()))
+
+        room = {n.name: n.allocatable for n in nodes.values() if not n.unschedulable}
+        prev_by_node, prev_room, prev_disrupting, prev_unavailable = self._room
+        left_some, pods_moved = pod_moves(prev_by_node, by_node)  # nodes a pod left; nodes whose pods changed
+        changed = disrupting != prev_disrupting or unavailable_now != prev_unavailable
+        changed = changed or (has_pdbs and bool(pods_moved))
+        room_grew = {name for name, a in room.items() if (b := prev_room.get(name)) is None or (b is not a and b != a)}
+        grown = left_some | room_grew
+        touched = pods_moved | room_grew | (prev_room.keys() - room.keys())
+        self._room = (by_node, room, frozenset(disrupting), unavailable_now)
+        self.futile = {
+            n: (keys, until)
+            for n, (keys, until) in self.futile.items()
+            if not changed
+            and until > now
+            and n in candidates
+            and keys == on_node(n)
+            and not self._may_move_to(keys, grown - {n}, nodes, pods, by_node)
+        }
+        classes = self._classify(candidates, nodes, touched, by_node, utilization)
+        # a node's clock runs from when it became a candidate, whatever its reason since (see docs/controller.md)
+        self.since = {n: self.since.get(n, now) for n in classes}
+        return [
+            n
+            for n, why in classes.items()
+            if n not in self.futile
+            and (why is DisruptionReason.DRIFTED or now - self.since[n] >= self.wait_s(n, pool_of))
+        ]
+
+    def open_pass(self, due: Sequence[str], now: float) -> bool:
+        """True if a pass may run now over ``due`` (the pass rate allows it); records the pass."""
+        if not due:
+            self.skipped = False
+            return False
+        if now - self.last_pass_at < self.config.disruption_interval_s:
+            self.skipped = True
+            return False
+        self.skipped = False
+        self.last_pass_at = now
+        return True
+
+    def inputs_changed(self, signature: object, now: float, pool_of: PoolOf) -> bool:
+        """False if the pass's inputs equal the last evaluated ones, no clock ran out since and the refresh period
+        has not passed (the pass is then skipped); True records ``signature`` as evaluated."""
+        timer_due = any(self.last_evaluation < t + self.wait_s(name, pool_of) <= now for name, t in self.since.items())
+        if (
+            signature == self._signature
+            and not timer_due
+            and now - self.last_evaluation < self.config.consolidation_refresh_s
+        ):
+            return False
+        self._signature = signature
+        self.last_evaluation = now
+        return True
+
+    def rest(self, node_name: str, pod_keys: frozenset[str], now: float) -> None:
+        """The pass kept the node for a reason only a cluster change can lift: leave it out until one happens."""
+        self.futile[node_name] = (pod_keys, now + self.config.consolidation_retry_s)
+
+    # ------------------------------------------------------------------------------------------------ reference
+    def reference_due(
+        self,
+        candidates: set[str],
+        nodes: Mapping[str, Node],
+        by_node: Mapping[str, Sequence[Pod]],
+        utilization: Mapping[str, float],
+        now: float,
+        pool_of: PoolOf,
+    ) -> list[str]:
+        """The uncached answer (check mode): every candidate classified afresh, none resting."""
+        out: list[str] = []
+        for name in candidates:
+            why = self._reason(name, nodes, by_node, utilization)
+            if why is None:
+                continue
+            cached = self.classes.get(name)
+            if cached is not why:
+                self.mismatches.append(Mismatch(now, f"reason of {name}", cached, why))
+            pool = pool_of(name)
+            wait = pool.disruption.wait_s(why is DisruptionReason.EMPTY) if pool is not None else 0.0
+            if why is DisruptionReason.DRIFTED or now - self.since.get(name, now) >= wait:
+                out.append(name)
+        return out
+
+    def compare(self, now: float, cached: object, reference: object) -> None:
+        """Record a difference between the cached and the uncached decisions of this round."""
+        if cached != reference:
+            self.mismatches.append(Mismatch(now, "decisions", cached, reference))
+
+    # ------------------------------------------------------------------------------------------------ internals
+    def _reason(
+        self,
+        name: str,
+        nodes: Mapping[str, Node],
+        by_node: Mapping[str, Sequence[Pod]],
+        utilization: Mapping[str, float],
+    ) -> DisruptionReason | None:
+        n = nodes.get(name)
+        pool = self.pools.get(n.pool or "") if n is not None else None
+        if n is None or pool is None or n.unschedulable or n.launching:
+            return None
+        return classify_node(n, pool, by_node.get(name, []), utilization)
+
+    def _classify(
+        self,
+        candidates: set[str],
+        nodes: Mapping[str, Node],
+        touched: set[str],
+        by_node: Mapping[str, Sequence[Pod]],
+        utilization: Mapping[str, float],
+    ) -> dict[str, DisruptionReason]:
+        """Candidate reason per node, recomputed only for nodes whose pods or capacity changed (``touched``) or that
+        just became candidates; measured-utilisation pools are recomputed every time."""
+        measured = self.measured
+        redo = {n for n in candidates if measured or n in touched or n not in self.classes}
+        cache: dict[str, DisruptionReason | None] = {}
+        out: dict[str, DisruptionReason] = {}
+        for name in candidates:
+            if name in redo:
+                n = nodes.get(name)
+                pool = self.pools.get(n.pool or "") if n is not None else None
+                if n is None or pool is None or n.unschedulable or n.launching:
+                    continue
+                why = classify_node(n, pool, by_node.get(name, []), utilization)
+            else:
+                why = self.classes[name]
+            cache[name] = why
+            if why is not None:
+                out[name] = why
+        self.classes = cache
+        return out
+
+    @staticmethod
+    def _may_move_to(
+        pod_keys: frozenset[str],
+        targets: set[str],
+        nodes: Mapping[str, Node],
+        pods: Sequence[Pod],
+        by_node: Mapping[str, Sequence[Pod]],
+    ) -> bool:
+        """True if any of the pods might fit on any of ``targets`` (an over-estimate: total free GPU, CPU, memory).
+
+        Room that grew only on nodes none of a node's pods fit leaves the outcome of re-simulating it unchanged.
+        """
+        room = [nodes[t] for t in targets if t in nodes and not nodes[t].unschedulable]
+        if not room or not pod_keys:
+            return False
+        movers = [p for p in pods if p.key in pod_keys]
+        for n in room:
+            cpu, mem, gpu, _ = free_room(n, by_node.get(n.name, ()))
+            for p in movers:
+                r = p.request
+                if (
+                    r.cpu_milli <= cpu
+                    and r.memory_mib <= mem
+                    and r.gpu_demand_milli <= gpu
+                    and static_fit(p, n.labels, n.taints) is None
+                ):
+                    return True
+        return False
