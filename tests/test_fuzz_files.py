@@ -299,3 +299,8 @@ def test_fuzz_scaler_replay() -> None:
     base = example("scaler-history.yaml").read_text()
     counts = _fuzz("scaler replay (history)", base, lambda p: ["scaler", "replay", "--json", scaler, p])
     assert counts["exit 0"] > 0 and counts["exit 2"] > 0
+
+
+def test_fuzz_rightsize() -> None:
+    counts = _fuzz("rightsize", example("usage.yaml").read_text(), lambda p: ["rightsize", "--json", p])
+    assert counts["exit 0"] > 0 and counts["exit 2"] > 0

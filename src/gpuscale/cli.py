@@ -213,6 +213,9 @@ _ROOT_LAZY = {
     "demo": Lazy("gpuscale.sim.commands:demo_command", "A simulated day of bursty GPU work autoscaled by gpuscale."),
     "examples": Lazy("gpuscale.examples_cmd:examples_group", "The example files shipped with gpuscale."),
     "gpr": Lazy("gpuscale.gpr.cli:gpr_group", "GPU Provisioning Requests through the REST API.", ("httpx",)),
+    "rightsize": Lazy(
+        "gpuscale.scaling.rightsize_cmd:rightsize_command", "Recommend CPU/memory requests and GPU sizes from usage."
+    ),
     "scaler": Lazy("gpuscale.scaling.commands:scaler_group", "Replay metric histories through GPU workload scalers."),
     "serve": Lazy(
         "gpuscale.gpr.cli:serve_command",

@@ -40,6 +40,7 @@ EXAMPLES: dict[str, str] = {
     "scaler-history.yaml": "a metric history to replay through scaler.yaml (gpuscale scaler replay)",
     "keda-scaledobject.yaml": "a KEDA ScaledObject, read as is: gpuscale scaler replay keda-scaledobject.yaml HISTORY",
     "gpubudget.yaml": "a GPUBudget shared by two models (the arbiter's input): kubectl apply -f gpubudget.yaml",
+    "usage.yaml": "three days of container and GPU memory usage: gpuscale rightsize usage.yaml",
 }
 """The shipped example files, each with a one-line description."""
 
