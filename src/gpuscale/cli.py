@@ -223,7 +223,7 @@ _ROOT_LAZY = {
         ("fastapi", "pydantic", "uvicorn", "httpx"),
     ),
     "simulate": Lazy("gpuscale.sim.commands:simulate_command", "Replay a scenario in the simulator."),
-    "simulate-gpr": Lazy("gpuscale.gpr.sim:gpr_sim_command", "GPR workloads on the simulated cloud."),
+    "simulate-gpr": Lazy("gpuscale.sim.gpr:gpr_sim_command", "GPR workloads on the simulated cloud."),
 }
 
 
