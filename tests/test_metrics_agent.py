@@ -296,3 +296,22 @@ def _registry(backend: NvmlBackend) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DcgmCollector(backend, "h"))
     return registry
+
+
+_WITHOUT = "import sys\nfor name in {mods!r}:\n    sys.modules[name] = None\nfrom gpuscale.cli import main\nmain()\n"
+
+
+def _without(mods: list[str], *args: str) -> subprocess.CompletedProcess[str]:
+    code = _WITHOUT.format(mods=mods)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_without_the_agent_extra_the_command_names_it() -> None:
+    helped = _without(["prometheus_client"], "--help")
+    assert helped.returncode == 0 and "(needs pip install 'gpuscale[agent]')" in " ".join(helped.stdout.split())
+    res = _without(["prometheus_client"], "agent", "--simulate")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "pip install 'gpuscale[agent]'" in res.stderr
+    nvml = _without(["pynvml"], "agent", "--port", "0")
+    assert nvml.returncode == 2 and nvml.stderr.count("\n") == 1 and "pip install 'gpuscale[agent]'" in nvml.stderr
+    simulated = _without(["pynvml"], "agent", "--simulate", "--gpus", "0")  # --simulate never imports pynvml
+    assert simulated.returncode == 2 and "--gpus" in simulated.stderr and "pynvml" not in simulated.stderr
