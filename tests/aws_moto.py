@@ -49,6 +49,8 @@ class Recorded:
 
     action: str
     params: dict[str, Any]
+    service: str = ""
+    """The signing name from the Authorization header's credential scope (ec2, eks, ssm, sqs, autoscaling)."""
 
 
 @dataclass
@@ -122,7 +124,8 @@ class FaultProxy:
             form = urllib.parse.parse_qsl(body.decode(), keep_blank_values=True)
             params = dict(form)
             action = params.get("Action", f"{method} {path}")
-        self.requests.append(Recorded(action, params))
+        scope = headers.get("Authorization", "").split("Credential=", 1)[-1].split(",", 1)[0].split("/")
+        self.requests.append(Recorded(action, params, scope[3] if len(scope) > 3 else ""))
         if action in self.action_errors:
             status, code, message = self.action_errors[action]
             return status, [("Content-Type", "text/xml")], self._error_xml(code, message)

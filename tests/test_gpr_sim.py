@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuscale.errors import InputError
-from gpuscale.sim.gpr import (
+from gpuscale.gpr.sim import (
     DEFAULT_SCENARIO,
     generate_requests,
     gpr_sim_command,

@@ -40,8 +40,6 @@ EXTRAS: dict[str, str] = {
     "scipy": "solver",
     "linode_api4": "linode",
     "requests": "linode",
-    "lightkube": "kube",
-    "httpx2": "kube",
     "pynvml": "agent",
     "prometheus_client": "agent",
 }
@@ -211,9 +209,6 @@ _ROOT_LAZY = {
         ("prometheus_client",),
     ),
     "compare": Lazy("gpuscale.sim.commands:compare_command", "Run a scenario under gpuscale and baseline policies."),
-    "controller": Lazy(
-        "gpuscale.kube.command:controller_command", "Run the controller against a Kubernetes cluster.", ("lightkube",)
-    ),
     "crds": Lazy("gpuscale.manifests.crds:crds_command", "Print, write or check gpuscale's CRDs."),
     "demo": Lazy("gpuscale.sim.commands:demo_command", "A simulated day of bursty GPU work autoscaled by gpuscale."),
     "examples": Lazy("gpuscale.examples_cmd:examples_group", "The example files shipped with gpuscale."),
@@ -228,7 +223,7 @@ _ROOT_LAZY = {
         ("fastapi", "pydantic", "uvicorn", "httpx"),
     ),
     "simulate": Lazy("gpuscale.sim.commands:simulate_command", "Replay a scenario in the simulator."),
-    "simulate-gpr": Lazy("gpuscale.sim.gpr:gpr_sim_command", "GPR workloads on the simulated cloud."),
+    "simulate-gpr": Lazy("gpuscale.gpr.sim:gpr_sim_command", "GPR workloads on the simulated cloud."),
 }
 
 
@@ -288,11 +283,23 @@ _snapshot_arg = click.argument("snapshot", type=click.Path(exists=False))
 @_solver_opt
 @_verbose_opt
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--provider", default=None, help="Cloud the nodes come from (linode, aws, alibaba): plan on its catalog.")
+@click.pass_context
 def plan_cmd(
-    snapshot: str, catalog: str, region: str | None, scorer: str, solver: bool, verbose: bool, as_json: bool
+    ctx: click.Context,
+    snapshot: str,
+    catalog: str,
+    region: str | None,
+    scorer: str,
+    solver: bool,
+    verbose: bool,
+    as_json: bool,
+    provider: str | None,
 ) -> None:
     """Plan new GPU nodes for the pending pods of SNAPSHOT (a YAML file, or a directory of them, holding Pods,
     Nodes and GPUNodePools)."""
+    if provider is not None:
+        catalog = _provider_catalog(provider, catalog, ctx.get_parameter_source("catalog"))
     snap = _load(snapshot, catalog, region, verbose)
     if solver and importlib.util.find_spec("scipy") is None:
         click.echo(f"note: greedy plan only; the integer-program solver needs {extra_hint('scipy')}", err=True)
@@ -301,6 +308,26 @@ def plan_cmd(
         click.echo(json.dumps(result.to_json(), indent=2))
         return
     print_plan(result, snap)
+
+
+def _provider_catalog(provider: str, catalog: str, source: click.core.ParameterSource | None) -> str:
+    """The catalog to plan on for ``--provider``: its own shipped catalog unless ``--catalog`` names one (which must
+    then be that provider's, e.g. ``aws:eu-west-1``, or a custom YAML file)."""
+    from gpuscale.catalogs import KNOWN_CATALOGS
+
+    name = provider.strip().lower()
+    if name not in KNOWN_CATALOGS:
+        raise InputError(
+            "unknown provider", where="--provider", value=provider, fix=f"use one of {', '.join(KNOWN_CATALOGS)}"
+        )
+    if source is click.core.ParameterSource.DEFAULT:
+        return name
+    given = catalog.partition(":")[0].lower()
+    if given in KNOWN_CATALOGS and given != name:
+        raise InputError(
+            f"catalog {catalog!r} is not provider {name!r}'s", where="--catalog", fix=f"use {name} or {name}:REGION"
+        )
+    return catalog
 
 
 def print_plan(result: ScaleUpPlan, snap: Snapshot) -> None:

@@ -364,6 +364,12 @@ class AwsProvider:
             out, self._updates = self._updates, []
             return out
 
+    def check_queue(self) -> None:
+        """Raise :class:`~gpuscale.errors.InputError` now if the configured interruption queue does not exist."""
+        if self.config.interruption_queue:
+            with self._lock:
+                self._queue()
+
     def check(self) -> None:
         """Fail early on a wrong configuration: the cluster, the subnets and the interruption queue must exist."""
         with self._lock:
