@@ -1,6 +1,6 @@
 """The ACK provider on the real alibabacloud-cs20151215 SDK over HTTP against the fake ACK API, which checks every
-request and response against the SDK's own models and recomputes the ACS3 signature. Also runs the provider
-contract (tests/provider_contract.py)."""
+request and response against the SDK's own models and recomputes the ACS3 signature. Its factory (AlibabaFactory) joins
+the provider contract in tests/test_provider_contract.py."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from gpuscale.errors import (
 from gpuscale.fakes.alibaba_api import ACTIONS, FakeAlibabaAPI
 from gpuscale.providers.alibaba import API_CALLS, AlibabaConfig, AlibabaProvider, pool_name
 from gpuscale.providers.base import CloudNodeState, LaunchRequest, ProviderEventKind
-from provider_contract import ContractBackend, ProviderContract, ProviderFactory
+from provider_contract import ContractBackend
 
 CLUSTER = "c-gpu"
 VSWITCHES = {"us-east-1a": ("vsw-a1",), "us-east-1b": ("vsw-b1", "vsw-b2")}
@@ -92,14 +92,6 @@ class AlibabaFactory:
         clock = ManualClock(1_000.0)
         fake = _fake(clock)
         return AlibabaBackend(_provider(fake, clock), fake)
-
-
-class TestAlibabaContract(ProviderContract):
-    """The provider contract, against the fake ACK API."""
-
-    @pytest.fixture
-    def provider_factory(self) -> ProviderFactory:
-        return AlibabaFactory()
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The GKE provider on the real google-cloud-container / google-cloud-compute SDKs (REST transport) against the fake
-GCP API, which checks every request and response against Google's discovery documents. Also runs the provider
-contract (tests/provider_contract.py)."""
+GCP API, which checks every request and response against Google's discovery documents. Its factory (GcpFactory) joins
+the provider contract in tests/test_provider_contract.py."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from gpuscale.errors import (
 from gpuscale.fakes.gcp_api import FakeGcpAPI, discovery_document
 from gpuscale.providers.base import CloudNodeState, LaunchRequest, ProviderEventKind
 from gpuscale.providers.gcp import API_CALLS, GcpConfig, GcpProvider, machine_spec, pool_name
-from provider_contract import ContractBackend, ProviderContract, ProviderFactory
+from provider_contract import ContractBackend
 
 CLUSTER = "projects/proj-1/locations/us-central1/clusters/gpu-c"
 ZONES = ("us-central1-a", "us-central1-b")
@@ -96,14 +96,6 @@ class GcpFactory:
         clock = ManualClock(1_000.0)
         fake = _fake(clock)
         return GcpBackend(_provider(fake, clock), fake)
-
-
-class TestGcpContract(ProviderContract):
-    """The provider contract, against the fake GKE + Compute APIs."""
-
-    @pytest.fixture
-    def provider_factory(self) -> ProviderFactory:
-        return GcpFactory()
 
 
 @pytest.fixture

@@ -22,6 +22,8 @@ from gpuscale.providers.aws import AwsConfig, AwsProvider
 from gpuscale.providers.linode import LinodeConfig, LinodeProvider
 from kube_harness import client_for
 from provider_contract import ContractBackend, ProviderContract, ProviderFactory
+from test_alibaba_provider import AlibabaFactory
+from test_gcp_provider import GcpFactory
 
 _FAKES: list[FakeLinodeAPI] = []
 
@@ -133,7 +135,13 @@ class AwsFactory:
         return AwsBackend(AwsProvider(config, session=aws.session(), clock=ManualClock(1_000.0)), aws)
 
 
-PROVIDER_FACTORIES: list[ProviderFactory] = [LinodeFactory(), KwokFactory(), AwsFactory()]
+PROVIDER_FACTORIES: list[ProviderFactory] = [
+    LinodeFactory(),
+    KwokFactory(),
+    AwsFactory(),
+    GcpFactory(),
+    AlibabaFactory(),
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
