@@ -262,7 +262,7 @@ def _load(snapshot: str, catalog: str, region: str | None, verbose: bool = False
 
 
 _catalog_opt = click.option(
-    "--catalog", default="linode", show_default=True, help="Catalog name (linode, aws, alibaba) or a YAML file."
+    "--catalog", default="linode", show_default=True, help="Catalog name (linode, aws, gcp, alibaba) or a YAML file."
 )
 _region_opt = click.option("--region", default=None, help="Catalog region (default: the catalog's own).")
 _scorer_opt = click.option(
@@ -283,7 +283,7 @@ _snapshot_arg = click.argument("snapshot", type=click.Path(exists=False))
 @_solver_opt
 @_verbose_opt
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-@click.option("--provider", default=None, help="Cloud the nodes come from (linode, aws, alibaba): plan on its catalog.")
+@click.option("--provider", default=None, help="Cloud of the nodes (linode, aws, gcp, alibaba): plan on its catalog.")
 @click.pass_context
 def plan_cmd(
     ctx: click.Context,
