@@ -13,6 +13,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from types import FrameType
+from wsgiref.simple_server import WSGIServer
 
 import click
 from prometheus_client import CollectorRegistry, start_http_server
@@ -81,7 +82,7 @@ class DcgmCollector(Collector):
             yield family
 
 
-def serve(backend: GpuBackend, hostname: str, host: str, port: int) -> tuple[int, threading.Thread, object]:
+def serve(backend: GpuBackend, hostname: str, host: str, port: int) -> tuple[int, threading.Thread, WSGIServer]:
     """Start serving ``/metrics`` in a daemon thread; returns the bound port, the thread and the server."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DcgmCollector(backend, hostname))
@@ -150,4 +151,4 @@ def agent_command(
     try:
         stop.wait()
     finally:
-        server.shutdown()  # type: ignore[attr-defined]
+        server.shutdown()
