@@ -27,8 +27,9 @@ from gpuscale.clock import ManualClock
 from gpuscale.core.gpr import SPEC_FIELDS
 from gpuscale.gpr.api import create_app
 from gpuscale.gpr.manager import GprManager
-from gpuscale.gpr.server import WallClockSimCloud, allowed_hosts_for
+from gpuscale.gpr.server import allowed_hosts_for
 from gpuscale.gpr.store import GprStore
+from gpuscale.sim.wallclock import WallClockSimCloud
 
 TOKEN = "fuzz-token-91c2"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -28,9 +28,10 @@ from gpuscale.fakes.linode_api import FakeLinodeAPI
 from gpuscale.gpr.api import create_app
 from gpuscale.gpr.cli import _cell, gpr_group
 from gpuscale.gpr.manager import GprManager
-from gpuscale.gpr.server import ReconcileLoop, WallClockSimCloud, allowed_hosts_for, max_exit_from_env
+from gpuscale.gpr.server import ReconcileLoop, allowed_hosts_for, max_exit_from_env
 from gpuscale.gpr.store import GprStore
 from gpuscale.providers.linode import LinodeConfig, LinodeProvider
+from gpuscale.sim.wallclock import WallClockSimCloud
 
 TOKEN = "hardening-token-7d21"
 T0 = 1_700_000_000.0

@@ -4,6 +4,10 @@ fit, monotone in priority, never more than asked)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -81,6 +85,18 @@ def test_guarantees_that_do_not_fit_are_honoured_by_priority() -> None:
     a = arbitrate(over, [Demand("x", "a", 4, 1), Demand("y", "b", 4, 9)])
     assert granted(a) == {"x": 2, "y": 4}
     assert a.notes[0].startswith("guarantees exceed the 6 GPUs")
+
+
+def test_status_matches_the_crd() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    crd = yaml.safe_load((Path(__file__).resolve().parents[1] / "deploy" / "crds" / "gpubudget.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    quiet = arbitrate(BUDGET, [Demand("l", "llama", 16, 100), Demand("m", "mistral", 1, 100)])
+    status = quiet.status()
+    jsonschema.validate(status, schema)
+    assert set(status) == set(schema["properties"])
+    assert set(status["grants"][0]) == set(schema["properties"]["grants"]["items"]["properties"])  # type: ignore[index]
+    assert status["lent"] == {"mistral": 3} and status["usedGPUs"] == 16
 
 
 # ------------------------------------------------------------------------------------------------- properties

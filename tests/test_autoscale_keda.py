@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 
-from gpuscale.core.autoscale import cron
 from gpuscale.core.autoscale.hpa import (
     Behavior,
     MetricKind,
@@ -15,8 +14,9 @@ from gpuscale.core.autoscale.hpa import (
     ScalingPolicy,
     ScalingRules,
 )
-from gpuscale.core.autoscale.keda import EMPTY, Fallback, ScalerSpec, Schedule, Trigger
+from gpuscale.core.autoscale.keda import EMPTY, Fallback, ScalerSpec, Schedule, Trigger, window_open
 from gpuscale.core.autoscale.replay import HistoryStep, replay
+from gpuscale.core.cron import parse_cron
 
 FAST = Behavior(
     ScalingRules(0, (ScalingPolicy(PolicyType.PERCENT, 10_000, 1),)),
@@ -98,7 +98,7 @@ def test_polling_interval_delays_activation() -> None:
 
 
 def test_cron_schedule_raises_the_minimum_while_open() -> None:
-    weekdays = Schedule(cron.parse("0 8 * * 1-5"), cron.parse("0 20 * * 1-5"), 4, "business-hours")
+    weekdays = Schedule(parse_cron("0 8 * * 1-5"), parse_cron("0 20 * * 1-5"), 4, "business-hours")
     s = spec(schedules=(weekdays,))
     monday_7 = dt.datetime(2026, 1, 5, 7, 0, tzinfo=dt.UTC).timestamp()
     steps = [(0, {"q": 0}), (3600, {"q": 0}), (3630, {"q": 0}), (13 * 3600, {"q": 0}), (13 * 3600 + 400, {"q": 0})]
@@ -111,16 +111,14 @@ def test_cron_schedule_raises_the_minimum_while_open() -> None:
 
 
 def test_cron_windows() -> None:
-    start, end = cron.parse("0 8 * * 1-5"), cron.parse("0 20 * * 1-5")
+    start, end = parse_cron("0 8 * * 1-5"), parse_cron("0 20 * * 1-5")
 
     def at(*a: int) -> float:
         return dt.datetime(*a, tzinfo=dt.UTC).timestamp()  # type: ignore[misc]
 
-    assert cron.window_open(start, end, at(2026, 1, 5, 8, 0))
-    assert cron.window_open(start, end, at(2026, 1, 5, 19, 59))
-    assert not cron.window_open(start, end, at(2026, 1, 5, 20, 0))
-    assert not cron.window_open(start, end, at(2026, 1, 10, 12, 0))  # Saturday
-    night = (cron.parse("0 22 * * *"), cron.parse("0 6 * * *"))
-    assert cron.window_open(*night, at(2026, 1, 6, 3, 0)) and not cron.window_open(*night, at(2026, 1, 6, 12, 0))
-    assert cron.parse("@daily").hours == frozenset({0})
-    assert cron.parse("0 0 * * SUN,7").weekdays == frozenset({0})
+    assert window_open(start, end, at(2026, 1, 5, 8, 0))
+    assert window_open(start, end, at(2026, 1, 5, 19, 59))
+    assert not window_open(start, end, at(2026, 1, 5, 20, 0))
+    assert not window_open(start, end, at(2026, 1, 10, 12, 0))  # Saturday
+    night = (parse_cron("0 22 * * *"), parse_cron("0 6 * * *"))
+    assert window_open(*night, at(2026, 1, 6, 3, 0)) and not window_open(*night, at(2026, 1, 6, 12, 0))

@@ -97,7 +97,7 @@ def test_minimal_scaler_takes_the_defaults() -> None:
         (
             "  triggers:",
             "  schedules: [{start: '0 25 * * *', end: '0 20 * * *', desiredReplicas: 2}]\n  triggers:",
-            "spec.schedules[0].start: hour must be 0..23",
+            "spec.schedules[0].start: cron spec.schedules[0].start (hour) value 25 out of range",
         ),
         ("  triggers:", "  behavior: {scaleUp: {policies: []}}\n  triggers:", "must list at least one policy"),
         ("  triggers:", "  behavior: {scaleUp: {selectPolicy: max}}\n  triggers:", "did you mean Max"),

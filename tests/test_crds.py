@@ -17,6 +17,7 @@ from gpuscale.catalogs import load_catalog
 from gpuscale.cli import main
 from gpuscale.core.model import CapacityType
 from gpuscale.core.nodeclaim import ClaimPhase, NodeClaim
+from gpuscale.errors import InputError
 from gpuscale.manifests import crds, nodeclaims, parse_yaml, status
 from gpuscale.manifests.problems import Doc
 
@@ -243,3 +244,101 @@ def test_nodeclaim_reader_reports_every_problem() -> None:
         "has no time zone",
     ):
         assert needle in text, (needle, text)
+
+
+# ------------------------------------------------------------------------------- CEL rules (x-kubernetes-validations)
+try:
+    import celpy
+except ImportError:  # pragma: no cover - cel-python is in the dev extra
+    celpy = None
+needs_cel = pytest.mark.skipif(celpy is None, reason="cel-python is not installed")
+_CEL = celpy.Environment() if celpy is not None else None
+
+
+def _rules(schema: dict[str, Any], path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], str, str]]:
+    """(path, rule, message) of every CEL rule; a path element "[]" means every item of a list."""
+    out = [(path, r["rule"], r["message"]) for r in schema.get("x-kubernetes-validations", [])]
+    for name, sub in schema.get("properties", {}).items():
+        out += _rules(sub, (*path, name))
+    if isinstance(schema.get("items"), dict):
+        out += _rules(schema["items"], (*path, "[]"))
+    return out
+
+
+def _at(obj: object, path: tuple[str, ...]) -> list[object]:
+    if not path:
+        return [obj]
+    head, rest = path[0], path[1:]
+    if head == "[]":
+        return [x for item in obj for x in _at(item, rest)] if isinstance(obj, list) else []
+    return _at(obj[head], rest) if isinstance(obj, dict) and head in obj else []
+
+
+def cel_errors(doc: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
+    """The messages of the CEL rules ``doc`` breaks, as the API server evaluates them (``old``: transition rules)."""
+    errors = []
+    for path, rule, message in _rules(_schema(doc["kind"])):
+        if "oldSelf" in rule and old is None:
+            continue
+        prog = _CEL.program(_CEL.compile(rule))
+        olds = _at(old, path) if old is not None else []
+        for i, node in enumerate(_at(doc, path)):
+            act = {"self": celpy.json_to_cel(node)}
+            if "oldSelf" in rule:
+                if i >= len(olds):
+                    continue
+                act["oldSelf"] = celpy.json_to_cel(olds[i])
+            if not bool(prog.evaluate(act)):
+                errors.append(message)
+    return errors
+
+
+@needs_cel
+def test_every_rule_compiles_and_the_examples_pass_them() -> None:
+    rules = [r for spec in crds.crd_specs() for r in _rules(spec.schema)]
+    assert len(rules) >= 6
+    for _, rule, _ in rules:
+        _CEL.compile(rule)
+    docs = _examples() + [
+        d for d in yaml.safe_load_all((REPO / "examples" / "snapshot.yaml").read_text()) if d and d["kind"] in
+        ("GPUNodePool", "OfferingAvailability")
+    ]  # fmt: skip
+    for d in docs:
+        assert cel_errors(d) == [], d["metadata"]["name"]
+
+
+_REQ = ("spec", "requirements", 0)
+
+
+@needs_cel
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (_REQ, {"key": "nvidia.com/gpu.product", "operator": "In"}, "In and NotIn need at least one value"),
+        (_REQ, {"key": "nvidia.com/gpu.count", "operator": "Exists", "values": ["1"]}, "take no values"),
+        (_REQ, {"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["two"]}, "exactly one integer value"),
+        (_REQ, {"key": "nvidia.com/gpu.count", "operator": "Lt", "values": ["1", "2"]}, "exactly one integer value"),
+        (("spec", "disruption", "budgets", 1), {"nodes": "0", "schedule": "0 9 * * 1-5"}, "set together"),
+        (("spec", "minNodes"), 7, "maxNodes must be >= minNodes"),
+    ],
+)
+def test_cel_rules_reject_what_the_pool_reader_rejects(path: tuple[Any, ...], value: object, message: str) -> None:
+    doc = next(d for d in _examples() if d["kind"] == "GPUNodePool")
+    target: Any = doc
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    jsonschema.validate(doc, _schema("GPUNodePool"))  # the structural part accepts it: only the rule catches it
+    assert any(message in e for e in cel_errors(doc)), cel_errors(doc)
+    with pytest.raises(InputError):
+        parse_yaml(yaml.safe_dump(doc), source="pool.yaml", catalog=load_catalog("linode"), now=NOW)
+
+
+@needs_cel
+def test_a_claims_spec_is_immutable() -> None:
+    old = next(d for d in _examples() if d["kind"] == "GPUNodeClaim")
+    new = yaml.safe_load(yaml.safe_dump(old))
+    new["status"]["phase"] = "Draining"
+    assert cel_errors(new, old) == []
+    new["spec"]["zone"] = "us-sea"
+    assert cel_errors(new, old) == ["spec is immutable: a claim records one launch"]

@@ -32,6 +32,12 @@ DISTRIBUTION = {
     "werkzeug": "werkzeug",
     "pynvml": "nvidia-ml-py",
     "prometheus_client": "prometheus-client",
+    "lightkube": "lightkube",
+    "httpx2": "httpx2",
+    "kmock": "kmock",
+    "aiohttp": "aiohttp",
+    "attrs": "attrs",
+    "jsonpatch": "jsonpatch",
 }
 """Import name -> distribution on PyPI, for every third-party module gpuscale imports."""
 
@@ -44,12 +50,14 @@ EXTRA_OF = {
     "httpx": "server",
     "requests": "linode",
     "linode-api4": "linode",
+    "lightkube": "kube",
+    "httpx2": "kube",
     "nvidia-ml-py": "agent",
     "prometheus-client": "agent",
 }
 """The extra each optional runtime distribution belongs to (the feature that imports it)."""
 
-TEST_ONLY = {"openapi-core", "openapi-schema-validator", "werkzeug"}
+TEST_ONLY = {"openapi-core", "openapi-schema-validator", "werkzeug", "kmock", "aiohttp", "attrs", "jsonpatch"}
 """Distributions only the test fakes use: declared in ``dev``, imported only under ``gpuscale.fakes``."""
 
 

@@ -18,8 +18,9 @@ from gpuscale.clock import ManualClock
 from gpuscale.core.gpr import GprConfig, GprState
 from gpuscale.gpr.api import create_app
 from gpuscale.gpr.manager import GprManager
-from gpuscale.gpr.server import ReconcileLoop, WallClockSimCloud, build_manager
+from gpuscale.gpr.server import ReconcileLoop, build_manager
 from gpuscale.gpr.store import GprStore
+from gpuscale.sim.wallclock import WallClockSimCloud
 
 TOKEN = "test-token-4f1c0d"
 T0 = 1_700_000_000.0

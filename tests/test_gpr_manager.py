@@ -14,7 +14,6 @@ from gpuscale.core.gpr import GPR_LABEL, GPR_TAINT, GprConfig, GprNode, GprState
 from gpuscale.core.model import CapacityType, Catalog, InstanceType, Offering, TaintEffect
 from gpuscale.errors import InsufficientCapacity, ProviderError, TransientProviderError
 from gpuscale.gpr.manager import GprManager, StaticInventory, config_from_env
-from gpuscale.gpr.server import WallClockSimCloud, linode_factory
 from gpuscale.gpr.store import GprStore
 from gpuscale.providers.base import (
     CloudNode,
@@ -24,6 +23,8 @@ from gpuscale.providers.base import (
     ProviderEvent,
     ProviderEventKind,
 )
+from gpuscale.providers.registry import linode_factory
+from gpuscale.sim.wallclock import WallClockSimCloud
 
 T0 = 1_700_000_000.0
 TOKEN_MESSAGE = "LINODE_TOKEN environment variable is not set"

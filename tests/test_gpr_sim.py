@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuscale.errors import InputError
-from gpuscale.gpr.sim import (
+from gpuscale.sim.gpr import (
     DEFAULT_SCENARIO,
     generate_requests,
     gpr_sim_command,

@@ -16,8 +16,8 @@ from gpuscale.core.gpr import GprState, Trigger, parse_gpr_spec, transition
 from gpuscale.core.model import CapacityType, Catalog, InstanceType, Offering
 from gpuscale.errors import InputError
 from gpuscale.gpr.manager import GprManager
-from gpuscale.gpr.server import WallClockSimCloud
 from gpuscale.gpr.store import SCHEMA_VERSION, GprNotFound, GprStore, StaleWrite
+from gpuscale.sim.wallclock import WallClockSimCloud
 
 T0 = 1_700_000_000.0
 CATALOG = Catalog(

@@ -195,9 +195,9 @@ def test_copied_examples_plan_and_load(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_every_shipped_example_passes_its_own_loader() -> None:
     """The examples ship in the wheel: each must stay valid as the input checks tighten."""
-    from gpuscale.gpr.sim import DEFAULT_SCENARIO, load_gpr_scenario
     from gpuscale.manifests import load_snapshot
     from gpuscale.sim.commands import DEMO_SCENARIO
+    from gpuscale.sim.gpr import DEFAULT_SCENARIO, load_gpr_scenario
     from gpuscale.sim.scenario import load_scenario
 
     linode_catalog = load_catalog("linode")

@@ -237,6 +237,10 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
     _watch_epoch: int = attrs.field(default=0, init=False)
     requests_seen: list[tuple[str, str]] = attrs.field(factory=list, init=False)
     """(verb, resource) of every resource request served, for RBAC checks in tests."""
+    token: str | None = None
+    """When set, requests must carry ``Authorization: Bearer <token>`` (else 401)."""
+    forbidden: set[tuple[str, str]] = attrs.field(factory=set)
+    """(verb, RBAC resource) pairs answered 403 Forbidden, and denied by SelfSubjectAccessReviews."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -489,9 +493,40 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
         status, payload = await self._answer(request)
         return rendering.Response(status=status, payload=payload)
 
+    def _see(self, request: rendering.Request, verb: str, resource: str) -> None:
+        """Record a request and authorise it (token, then the forbidden pairs)."""
+        self.requests_seen.append((verb, resource))
+        if self.token is not None:
+            header = request.headers.get("Authorization", request.headers.get("authorization", ""))
+            if header != f"Bearer {self.token}":
+                raise _error(401, "Unauthorized", "Unauthorized")
+        if (verb, resource) in self.forbidden:
+            plural, _, group = resource.partition(".")
+            raise _error(
+                403,
+                "Forbidden",
+                f'{plural} is forbidden: User "system:serviceaccount:gpuscale:gpuscale" cannot {verb} resource '
+                f'"{plural}" in API group "{group}"',
+            )
+
+    def _access_review(self, request: rendering.Request) -> Obj:
+        """A SelfSubjectAccessReview: allowed unless the pair is in :attr:`forbidden`."""
+        self._see(request, "create", "selfsubjectaccessreviews.authorization.k8s.io")
+        body = request.data if isinstance(request.data, dict) else {}
+        attrs_ = (body.get("spec") or {}).get("resourceAttributes") or {}
+        res = attrs_.get("resource", "")
+        if attrs_.get("group"):
+            res = f"{res}.{attrs_['group']}"
+        if attrs_.get("subresource"):
+            res = f"{res}/{attrs_['subresource']}"
+        allowed = (attrs_.get("verb", ""), res) not in self.forbidden
+        return {**body, "status": {"allowed": allowed, **({} if allowed else {"reason": "RBAC: not granted"})}}
+
     async def _answer(self, request: rendering.Request) -> tuple[int, Any]:
         if request.resource is None:
             raise _error(404, "NotFound", "not a resource path")
+        if request.resource.group == "authorization.k8s.io" and request.resource.plural == "selfsubjectaccessreviews":
+            return 201, self._access_review(request)
         rt = self.resource_type(
             request.resource.group or "", request.resource.version or "", request.resource.plural or ""
         )
@@ -501,34 +536,34 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
         name, sub = request.name, request.subresource
         if name is None:
             if method == "GET" and params.get("watch") in ("true", "1"):
-                self.requests_seen.append(("watch", _rbac(rt)))
+                self._see(request, "watch", _rbac(rt))
                 return 200, self._watch(rt, request.namespace, params)
             if method == "GET":
-                self.requests_seen.append(("list", _rbac(rt)))
+                self._see(request, "list", _rbac(rt))
                 return 200, self._list(rt, request.namespace, params)
             if method == "POST":
-                self.requests_seen.append(("create", _rbac(rt)))
+                self._see(request, "create", _rbac(rt))
                 return 201, await self.create_obj(rt, ns, request.data)
             raise _error(405, "MethodNotAllowed", f"{method} is not allowed on a collection")
         res = _rbac(rt) + (f"/{sub}" if sub else "")
         if sub == "eviction" and rt.plural == "pods" and method == "POST":
-            self.requests_seen.append(("create", res))
+            self._see(request, "create", res)
             return 201, await self.evict(ns, name, request.data)
         if sub not in (None, "status") or (sub == "status" and not rt.status):
             raise _error(404, "NotFound", f"the server could not find the requested resource ({res})")
         if method == "GET":
-            self.requests_seen.append(("get", res))
+            self._see(request, "get", res)
             return 200, copy.deepcopy(self.read_obj(rt, ns, name))
         if method == "PUT":
-            self.requests_seen.append(("update", res))
+            self._see(request, "update", res)
             return 200, copy.deepcopy(await self.replace_obj(rt, ns, name, request.data, sub))
         if method == "PATCH":
-            self.requests_seen.append(("patch", res))
+            self._see(request, "patch", res)
             ctype = request.headers.get("Content-Type", request.headers.get("content-type", ""))
             body = json.loads(request.body or b"null")
             return 200, copy.deepcopy(await self.patch_obj(rt, ns, name, body, ctype, sub))
         if method == "DELETE" and sub is None:
-            self.requests_seen.append(("delete", res))
+            self._see(request, "delete", res)
             return 200, copy.deepcopy(await self.delete_obj(rt, ns, name))
         raise _error(405, "MethodNotAllowed", f"{method} is not allowed here")
 
@@ -619,7 +654,7 @@ class KubeAPIServer:
     """
 
     def __init__(self, emulator: KubeAPIEmulator | None = None) -> None:
-        self.emulator = emulator or KubeAPIEmulator()
+        self.emulator = emulator if emulator is not None else KubeAPIEmulator()
         self.port: int | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kube-api-emulator", daemon=True)
@@ -662,6 +697,9 @@ class KubeAPIServer:
         async def down() -> None:
             if self._server is not None:
                 await self.emulator.drop_watches()
+                runner = self._server.server.runner
+                if runner is not None:
+                    runner._shutdown_timeout = 0.2  # close open streams now, as a crashed server would
                 await self._server.__aexit__(None, None, None)
                 self._server = None
 

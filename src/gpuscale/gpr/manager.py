@@ -11,7 +11,13 @@ unavailable for ``GPR_UNAVAILABLE_TTL_S`` seconds and the same launch (same requ
 nothing) is retried at once on the GPR's next candidate offering (another zone, or another type when
 ``enableAutoGpuSelection`` or several types of the shape fit); only when none is left does the attempt fail. The
 marks also steer admission of queued GPRs (a GPR whose every candidate is marked waits, delayed, until one expires).
-They are kept in memory: after a restart a refused offering is simply tried once more.
+They live in an :class:`~gpuscale.controller.availability.Availability` record, which the node controller can share
+and whose store keeps them across restarts (in memory by default).
+
+Other launch errors follow the error's :class:`~gpuscale.errors.RetryPolicy` (one retry layer; the provider never
+retries or sleeps): a rate limit is retried with the same request id after its ``Retry-After``, a transient error
+after the policy's delay doubled per attempt until its ``max_attempts`` are used up (then the attempt fails), a quota
+error after a doubling back-off; until then each pass skips that launch. An invalid request fails the attempt.
 
 Settings (:func:`config_from_env`): ``ENABLE_DYNAMIC_NODE`` (default true; when false GPRs are served from existing
 inventory only and no provider is created or called), ``MAX_DELAYED_COUNT``, ``MAX_NODE_COUNT`` and a few
@@ -31,6 +37,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from gpuscale.clock import Clock, SystemClock
+from gpuscale.controller.availability import Availability
 from gpuscale.core.gpr import (
     DEFAULT_MAX_EXIT_S,
     GPR_LABEL,
@@ -56,6 +63,7 @@ from gpuscale.core.gpr import (
     with_priority,
 )
 from gpuscale.core.model import CapacityType, Catalog, OfferingKey, Taint
+from gpuscale.core.reconcile import LaunchRules, next_try_in
 from gpuscale.errors import (
     AuthenticationError,
     CapacityError,
@@ -220,6 +228,7 @@ class GprManager:
         utilization: Callable[[], Mapping[str, float]] | None = None,
         clock: Clock | None = None,
         max_exit_s: int = DEFAULT_MAX_EXIT_S,
+        availability: Availability | None = None,
     ) -> None:
         self.store = store
         self.max_exit_s = max_exit_s
@@ -231,7 +240,11 @@ class GprManager:
         self._factory = provider_factory
         self._utilization = utilization
         self._blocked: str | None = None
-        self._unavailable: dict[OfferingKey, float] = {}
+        self.availability = availability if availability is not None else Availability()
+        """Offerings not to be bought until a time (shared with the node controller when given)."""
+        self._retry: dict[str, tuple[float, int]] = {}
+        """Launch request id -> (when to try it again, failed attempts so far), per its error's RetryPolicy."""
+        self._launch_rules = LaunchRules(unavailable_ttl_s=self.config.unavailable_ttl_s)
         self._lock = threading.RLock()
         self._last_view = CapacityView()
         self._types = catalog.by_name()
@@ -317,14 +330,14 @@ class GprManager:
         """Offerings marked out of capacity and the time until which they are skipped."""
         now = self.clock.now()
         with self._lock:
-            return {k: until for k, until in self._unavailable.items() if until > now}
+            return self.availability.unavailable_at(now)
 
     def mark_unavailable(self, instance_type: str, zone: str, *, until: float | None = None) -> None:
         """Skip an on-demand offering until ``until`` (default: now + ``unavailable_ttl_s``)."""
         key = OfferingKey(instance_type, zone, CapacityType.ON_DEMAND)
         t = self.clock.now() + self.config.unavailable_ttl_s if until is None else until
         with self._lock:
-            self._unavailable[key] = max(t, self._unavailable.get(key, t))
+            self.availability.mark_unavailable(key, t, "GPR launch: insufficient capacity")
 
     @property
     def blocked_reason(self) -> str | None:
@@ -404,6 +417,10 @@ class GprManager:
         if provider is None:
             self.store.finish(jid, f"error: {self._blocked}", now=now)
             return
+        due, _ = self._retry.get(la.request_id, (now, 0))
+        if due > now:
+            self.store.finish(jid, f"deferred: retried at {due:.0f} per the last error's retry policy", now=now)
+            return
         if OfferingKey(la.instance_type, la.zone, CapacityType.ON_DEMAND) in self.unavailable_offerings:
             # Marked by an earlier launch of this same pass: go straight to the next offering if there is one.
             nxt = self._retarget(la)
@@ -437,11 +454,19 @@ class GprManager:
             self.store.finish(jid, f"error: {exc}", now=now)
             self._fail_provisioning(la.gpr_id, la.request_id, str(exc), report)
             return
-        except ProviderError as exc:  # rate limits, transient errors, quota, authentication: retried next pass
+        except ProviderError as exc:  # rate limits, transient errors, quota, authentication: per the retry policy
             self._provider_failed(exc)
             report.errors.append(f"launch {la.request_id}: {exc}")
             self.store.finish(jid, f"error: {exc}", now=now)
+            attempts = self._retry.get(la.request_id, (now, 0))[1] + 1
+            delay = next_try_in(exc, attempts, self._launch_rules)
+            if delay is not None:
+                self._retry[la.request_id] = (now + delay, attempts)
+            elif not isinstance(exc, AuthenticationError):  # the policy says this request will not succeed
+                self._retry.pop(la.request_id, None)
+                self._fail_provisioning(la.gpr_id, la.request_id, f"{exc} (gave up after {attempts} attempts)", report)
             return
+        self._retry.pop(la.request_id, None)
         report.launched.append(la.request_id)
         self.store.finish(jid, "ok", now=now)
         ids = tuple(sorted(n.node_id for n in nodes))
@@ -559,14 +584,12 @@ class GprManager:
         if self.config.enable_dynamic_node and provider is None and blocked is None:
             blocked = "no cloud provider is configured"
         now = self.clock.now()
-        for key in [k for k, until in self._unavailable.items() if until <= now]:
-            del self._unavailable[key]
         return CapacityView(
             nodes=(*inv_nodes, *created),
             scale_up_blocked=blocked,
             failed_requests=failed,
             observed_created=observed,
-            unavailable=dict(self._unavailable),
+            unavailable=self.availability.unavailable_at(now),
         )
 
     def _to_gpr_node(self, cn: CloudNode, k8s: GprNode | None, util: Mapping[str, float]) -> GprNode:

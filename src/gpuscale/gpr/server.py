@@ -2,10 +2,10 @@
 
 ``serve(db, host, port)`` reads the API token from ``GPUSCALE_API_TOKEN`` (refuses to start without one), the
 planner settings from the environment (:func:`gpuscale.gpr.manager.config_from_env`) and picks the provider:
-``sim`` (a :class:`~gpuscale.sim.cloud.SimCloud` running on wall-clock time, for demos and tests) or ``linode``
+any provider of :mod:`gpuscale.providers.registry` by name: ``sim`` (the simulated cloud on wall-clock time, for
+demos and tests; the server never imports the simulator) or ``linode``
 (:class:`~gpuscale.providers.linode.LinodeProvider` from ``LINODE_TOKEN``, ``LINODE_CLUSTER_ID``, ``LINODE_REGION``;
-a missing token is reported on the GPRs, never raised) or ``aws`` (:mod:`gpuscale.providers.aws_factory` from
-``GPUSCALE_AWS_*``, ``AWS_REGION`` and boto3's credential chain; a bad setting is reported on the GPRs the same way).
+a missing token is reported on the GPRs, never raised).
 """
 
 from __future__ import annotations
@@ -15,103 +15,24 @@ import logging
 import os
 import threading
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpuscale.clock import Clock, SystemClock
 from gpuscale.core.durations import parse_egs_duration
 from gpuscale.core.gpr import DEFAULT_MAX_EXIT_S, MAX_EXIT_CEILING_S
-from gpuscale.core.model import Catalog
-from gpuscale.errors import AuthenticationError, InputError
+from gpuscale.errors import InputError
 from gpuscale.gpr.manager import GprManager, Inventory, config_from_env
 from gpuscale.gpr.store import GprStore
-from gpuscale.providers.base import CloudNode, LaunchRequest, Provider, ProviderCapabilities, ProviderEvent
+from gpuscale.providers.registry import ProviderSettings, provider_factory, provider_names
 
 log = logging.getLogger("gpuscale.gpr.server")
 
 TOKEN_ENV = "GPUSCALE_API_TOKEN"
 MAX_EXIT_ENV = "GPUSCALE_MAX_EXIT_DURATION"
-PROVIDERS = ("sim", "linode", "aws")
-
-
-class WallClockSimCloud:
-    """A :class:`~gpuscale.sim.cloud.SimCloud` whose virtual time follows ``clock``: every call first runs the
-    simulation up to now. Launch and registration take ``latency_s`` each."""
-
-    name = "sim"
-
-    def __init__(self, catalog: Catalog, clock: Clock, *, latency_s: float = 5.0, seed: int = 0) -> None:
-        from gpuscale.sim.cloud import CloudBehaviour, SimCloud
-        from gpuscale.sim.engine import Dist, Engine
-
-        self.clock = clock
-        self.engine = Engine(start=clock.now())
-        d = Dist.const(latency_s)
-        behaviour = CloudBehaviour(
-            launch_latency=d, registration_latency=d, device_plugin_delay=Dist.const(0.0), deletion_latency=d
-        )
-        self.cloud = SimCloud(self.engine, catalog, behaviour, seed=seed)
-        self._lock = threading.Lock()
-
-    def _sync(self) -> None:
-        self.engine.run_until(max(self.engine.now(), self.clock.now()))
-
-    @property
-    def capabilities(self) -> ProviderCapabilities:
-        """The simulated cloud's capabilities."""
-        return self.cloud.capabilities
-
-    def launch(self, request: LaunchRequest) -> Sequence[CloudNode]:
-        """Launch (idempotent by request id)."""
-        with self._lock:
-            self._sync()
-            return self.cloud.launch(request)
-
-    def delete_node(self, node_id: str) -> None:
-        """Delete one node."""
-        with self._lock:
-            self._sync()
-            self.cloud.delete_node(node_id)
-
-    def list_nodes(self) -> Sequence[CloudNode]:
-        """Nodes not gone."""
-        with self._lock:
-            self._sync()
-            return self.cloud.list_nodes()
-
-    def poll_errors(self) -> Sequence[ProviderEvent]:
-        """Events since the last call."""
-        with self._lock:
-            self._sync()
-            return self.cloud.poll_errors()
-
-
-def linode_factory(env: Mapping[str, str], clock: Clock) -> Callable[[], Provider]:
-    """A factory for the Linode provider; it raises :class:`AuthenticationError` when ``LINODE_TOKEN`` is unset
-    (checked before any other setting, so that is the reason reported)."""
-
-    def make() -> Provider:
-        from gpuscale.providers.linode import MISSING_TOKEN_MESSAGE, TOKEN_ENV, LinodeConfig, LinodeProvider
-
-        if not env.get(TOKEN_ENV):
-            raise AuthenticationError(MISSING_TOKEN_MESSAGE, provider="linode")
-        return LinodeProvider(LinodeConfig.from_env(env), env=env, clock=clock)
-
-    return make
-
-
-def aws_factory(env: Mapping[str, str], clock: Clock) -> Callable[[], Provider]:
-    """A factory for the AWS provider (``GPUSCALE_AWS_*`` and boto3's credential chain; needs the ``aws`` extra)."""
-
-    def make() -> Provider:
-        try:
-            from gpuscale.providers.aws_factory import aws_provider_from_env
-        except ImportError:
-            raise InputError("needs boto3", where="--provider aws", fix="pip install 'gpuscale[aws]'") from None
-        return aws_provider_from_env(env, clock)
-
-    return make
+PROVIDERS = provider_names()
+"""Provider names ``--provider`` accepts (:mod:`gpuscale.providers.registry`)."""
 
 
 @dataclass(slots=True)
@@ -175,26 +96,13 @@ def build_manager(
     from gpuscale.catalogs import load_catalog
 
     region = (env.get("LINODE_REGION") or None) if provider == "linode" else None
-    if provider == "aws" and ":" not in catalog:
-        region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None
     cat = load_catalog(catalog, region=region)
-    cluster = env.get("GPUSCALE_AWS_CLUSTER", "") if provider == "aws" else env.get("LINODE_CLUSTER_ID", "")
-    config = config_from_env(env, provider=provider, cluster=cluster)
+    config = config_from_env(env, provider=provider, cluster=env.get("LINODE_CLUSTER_ID", ""))
     max_exit = max_exit_from_env(env)
     store = GprStore(db)
-    if provider == "sim":
-        sim = WallClockSimCloud(cat, clock, latency_s=sim_latency_s)
-        return GprManager(
-            store, cat, config=config, provider=sim, inventory=inventory, clock=clock, max_exit_s=max_exit
-        )
+    factory = provider_factory(provider, ProviderSettings(env, clock, cat, sim_latency_s=sim_latency_s))
     return GprManager(
-        store,
-        cat,
-        config=config,
-        provider_factory=aws_factory(env, clock) if provider == "aws" else linode_factory(env, clock),
-        inventory=inventory,
-        clock=clock,
-        max_exit_s=max_exit,
+        store, cat, config=config, provider_factory=factory, inventory=inventory, clock=clock, max_exit_s=max_exit
     )
 
 
@@ -254,8 +162,7 @@ def serve(
     if not token:
         raise InputError("is not set", where=f"environment variable {TOKEN_ENV}", fix="export a long random secret")
     manager = build_manager(db, provider=provider, catalog=catalog, env=env)
-    aws_secrets = tuple(env.get(k, "") for k in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID"))
-    loop = ReconcileLoop(manager, interval_s, secrets=(env.get("LINODE_TOKEN", ""), token, *aws_secrets))
+    loop = ReconcileLoop(manager, interval_s, secrets=(env.get("LINODE_TOKEN", ""), token))
     loop.start()
     try:
         app = create_app(manager, token=token, allowed_hosts=allowed_hosts_for(host, allowed_hosts))

@@ -33,3 +33,7 @@ API_VERBS: tuple[tuple[str, str], ...] = (
 """Every (verb, resource) the adapter and the kwok provider use, as RBAC names them (``plural.group`` and
 ``plural/subresource``). ``create nodes`` and ``patch nodes/status`` are the kwok provider's only. The RBAC test of
 the deployment checks the ClusterRole against this list; the end-to-end tests check the adapter uses nothing else."""
+
+PREFLIGHT_VERBS: tuple[tuple[str, str], ...] = (("create", "selfsubjectaccessreviews.authorization.k8s.io"),)
+"""What ``gpuscale controller`` asks at start-up to name a missing permission before acting; Kubernetes grants it to
+every authenticated user (the ``system:basic-user`` role), so the ClusterRole need not."""

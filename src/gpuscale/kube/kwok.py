@@ -34,6 +34,7 @@ from gpuscale.providers.base import (
     LaunchRequest,
     ProviderCapabilities,
     ProviderEvent,
+    ProviderEventKind,
 )
 
 __all__ = ["KWOK_ANNOTATION", "KWOK_TAINT", "KwokConfig", "KwokProvider"]
@@ -70,6 +71,7 @@ class KwokProvider:
         self.clock = clock or SystemClock()
         self.config = config or KwokConfig()
         self._types = catalog.by_name()
+        self._events: list[ProviderEvent] = []
 
     @property
     def capabilities(self) -> ProviderCapabilities:
@@ -174,7 +176,17 @@ class KwokProvider:
         return [self._cloud(n) for n in nodes]
 
     def poll_errors(self) -> Sequence[ProviderEvent]:
-        return []
+        events, self._events = self._events, []
+        return events
+
+    def interrupt(self, node_name: str, notice_s: float = 120.0) -> None:
+        """Announce a spot interruption of ``node_name`` (as a cloud's two-minute notice), for scale tests."""
+        now = self.clock.now()
+        self._events.append(
+            ProviderEvent(
+                ProviderEventKind.SPOT_INTERRUPTION, node_id=node_name, message="kwok", at=now, deadline=now + notice_s
+            )
+        )
 
     # ------------------------------------------------------------------ helpers
     def _maybe_init_gpus(self, n: dict[str, object], now: float) -> None:

@@ -19,7 +19,6 @@ from typing import Any
 
 import yaml
 
-from gpuscale.core.autoscale import cron
 from gpuscale.core.autoscale.budget import Budget, ModelShare
 from gpuscale.core.autoscale.hpa import (
     DEFAULT_SCALE_DOWN,
@@ -42,6 +41,7 @@ from gpuscale.core.autoscale.keda import (
     Schedule,
     Trigger,
 )
+from gpuscale.core.cron import CronSchedule, parse_cron
 from gpuscale.errors import InputError
 from gpuscale.inputs import GuardedLoader, compose_documents, construct, paused_gc, read_text, yaml_error
 from gpuscale.manifests import _locator
@@ -550,16 +550,14 @@ def _schedules(doc: Doc, raw: object, hi: int) -> list[Schedule]:
             doc.report(err)
             continue
         check_fields(doc, m, path, SCHEDULE_FIELDS)
-        crons: dict[str, cron.Cron] = {}
+        crons: dict[str, CronSchedule] = {}
         for key in ("start", "end"):
             with doc.field():
                 text = as_str(m.get(key), f"{path}.{key}", required=True)
                 try:
-                    crons[key] = cron.parse(text)
-                except cron.CronError as exc:
-                    raise FieldError(
-                        f"{path}.{key}", str(exc), text, fix='5 cron fields in UTC, e.g. "0 8 * * 1-5"'
-                    ) from None
+                    crons[key] = parse_cron(text, where=f"{path}.{key}")
+                except InputError as exc:
+                    raise FieldError(f"{path}.{key}", exc.reason, text, fix=exc.fix) from None
         with doc.field():
             tz = as_str(m.get("timezone"), f"{path}.timezone") or "UTC"
             if tz not in ("UTC", "Etc/UTC"):

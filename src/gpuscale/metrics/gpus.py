@@ -8,9 +8,9 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from gpuscale.clock import Clock
 from gpuscale.errors import GpuscaleError, InputError
@@ -46,9 +46,9 @@ class GpuReading:
     util_pct: float
     fb_used_mib: float
     fb_free_mib: float
-    mem_copy_util_pct: float
-    power_w: float
-    temp_c: float
+    mem_copy_util_pct: float | None
+    power_w: float | None
+    temp_c: float | None
     gr_engine_active: float | None = None
     pod: PodRef | None = None
 
@@ -226,20 +226,24 @@ class SimulatedBackend:
 
 
 class NvmlBackend:
-    """Real GPUs through NVML (``nvidia-ml-py``). Raises :class:`NoDriver` when the driver library is absent.
+    """Real GPUs through NVML (``nvidia-ml-py``; ``nvml`` replaces the module in tests). Raises :class:`NoDriver`
+    when the driver library is absent or not loaded. A field the GPU does not support (NVML ``NotSupported``, e.g.
+    power on some boards) is left out; a GPU that fails to answer at all is left out of that scrape.
     ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` needs DCGM's profiling counters, which NVML does not offer: it is left out."""
 
-    def __init__(self, pods: Mapping[int, PodRef] | None = None) -> None:
-        import pynvml
+    def __init__(self, pods: Mapping[int, PodRef] | None = None, nvml: Any = None) -> None:
+        if nvml is None:
+            import pynvml
 
-        self._nvml = pynvml
+            nvml = pynvml
+        self._nvml = nvml
         try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError_LibraryNotFound as exc:
+            nvml.nvmlInit()
+        except nvml.NVMLError_LibraryNotFound as exc:
             raise NoDriver("no NVIDIA driver on this machine (NVML library not found)") from exc
-        except pynvml.NVMLError_DriverNotLoaded as exc:
+        except nvml.NVMLError_DriverNotLoaded as exc:
             raise NoDriver("the NVIDIA driver is not loaded (NVML: driver not loaded)") from exc
-        except pynvml.NVMLError as exc:
+        except nvml.NVMLError as exc:
             raise NoDriver(f"NVML failed to start: {exc}") from exc
         self.pods = dict(pods or {})
 
@@ -247,16 +251,22 @@ class NvmlBackend:
         """Release NVML."""
         self._nvml.nvmlShutdown()
 
+    def _optional(self, read: Callable[..., float], *args: Any) -> float | None:
+        try:
+            return float(read(*args))
+        except self._nvml.NVMLError_NotSupported:
+            return None
+
     def read(self) -> list[GpuReading]:
         """Every GPU NVML reports now."""
         nv = self._nvml
         out = []
         for i in range(nv.nvmlDeviceGetCount()):
-            h = nv.nvmlDeviceGetHandleByIndex(i)
-            util = nv.nvmlDeviceGetUtilizationRates(h)
-            mem = nv.nvmlDeviceGetMemoryInfo(h)
-            out.append(
-                GpuReading(
+            try:
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+                util = nv.nvmlDeviceGetUtilizationRates(h)
+                mem = nv.nvmlDeviceGetMemoryInfo(h)
+                reading = GpuReading(
                     index=i,
                     uuid=_text(nv.nvmlDeviceGetUUID(h)),
                     minor=nv.nvmlDeviceGetMinorNumber(h),
@@ -265,12 +275,18 @@ class NvmlBackend:
                     fb_used_mib=mem.used // MIB,
                     fb_free_mib=mem.free // MIB,
                     mem_copy_util_pct=float(util.memory),
-                    power_w=nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
-                    temp_c=float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+                    power_w=_div(self._optional(nv.nvmlDeviceGetPowerUsage, h), 1000.0),
+                    temp_c=self._optional(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
                     pod=self.pods.get(i),
                 )
-            )
+            except nv.NVMLError:  # lost or resetting: leave it out of this scrape
+                continue
+            out.append(reading)
         return out
+
+
+def _div(value: float | None, by: float) -> float | None:
+    return None if value is None else value / by
 
 
 def _text(value: str | bytes) -> str:

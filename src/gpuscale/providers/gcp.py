@@ -139,16 +139,6 @@ class GcpConfig:
                 fix="use DEFAULT, LATEST or INSTALLATION_DISABLED",
             )
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> GcpConfig:
-        """``GKE_PROJECT``, ``GKE_LOCATION``, ``GKE_CLUSTER``, ``GKE_ZONES`` (comma-separated; default: the location
-        when it is a zone)."""
-        location = env.get("GKE_LOCATION", "")
-        zones = tuple(z.strip() for z in env.get("GKE_ZONES", "").split(",") if z.strip())
-        if not zones and location.count("-") == 2:
-            zones = (location,)
-        return cls(env.get("GKE_PROJECT", ""), location, env.get("GKE_CLUSTER", ""), zones)
-
     @property
     def parent(self) -> str:
         return f"projects/{self.project}/locations/{self.location}/clusters/{self.cluster}"

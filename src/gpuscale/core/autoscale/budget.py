@@ -81,6 +81,19 @@ class Arbitration:
     def by_scaler(self) -> dict[str, Grant]:
         return {g.scaler: g for g in self.grants}
 
+    def status(self) -> dict[str, object]:
+        """The GPUBudget's ``status`` (``deploy/crds/gpubudget.yaml``): usage, loans and every grant explained."""
+        return {
+            "usedGPUs": self.used_gpus,
+            "freeGPUs": self.free_gpus,
+            "lent": dict(self.lent),
+            "grants": [
+                {"scaler": g.scaler, "model": g.model, "desired": g.desired, "granted": g.granted, "gpus": g.gpus,
+                 "borrowed": dict(g.borrowed), "reasons": list(g.reasons)}
+                for g in self.grants
+            ],
+        }  # fmt: skip
+
 
 @dataclass(slots=True)
 class _Acc:

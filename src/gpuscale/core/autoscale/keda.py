@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuscale.core.autoscale import cron
 from gpuscale.core.autoscale.hpa import (
     Behavior,
     HpaDecision,
@@ -28,6 +27,7 @@ from gpuscale.core.autoscale.hpa import (
     Sample,
     decide,
 )
+from gpuscale.core.cron import CronSchedule
 
 DEFAULT_POLLING_INTERVAL_S = 30
 DEFAULT_COOLDOWN_S = 300
@@ -54,8 +54,8 @@ class Fallback:
 class Schedule:
     """While the window from ``start`` to ``end`` (cron, UTC) is open, keep at least ``replicas``."""
 
-    start: cron.Cron
-    end: cron.Cron
+    start: CronSchedule
+    end: CronSchedule
     replicas: int
     name: str = ""
 
@@ -103,11 +103,21 @@ class ScalerDecision:
     state: ScalerState = field(repr=False)
 
 
+def window_open(start: CronSchedule, end: CronSchedule, now: float) -> bool:
+    """Whether ``now`` lies in a window opened by ``start`` and closed by ``end``: after ``now`` the next end comes
+    before the next start (open from the start minute to just before the end minute; a minute matching both is
+    closed)."""
+    nxt_end, nxt_start = end.next_fire(now), start.next_fire(now)
+    if nxt_end is None:
+        return False
+    return nxt_start is None or nxt_end < nxt_start
+
+
 def schedule_floor(spec: ScalerSpec, now: float) -> tuple[int, str]:
     """The largest replicas of the schedules open at ``now``, and the schedule's name (0 and "" when none)."""
     best, name = 0, ""
     for i, s in enumerate(spec.schedules):
-        if s.replicas > best and cron.window_open(s.start, s.end, now):
+        if s.replicas > best and window_open(s.start, s.end, now):
             best, name = s.replicas, s.name or f"schedules[{i}]"
     return best, name
 

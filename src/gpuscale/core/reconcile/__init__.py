@@ -26,6 +26,7 @@ from gpuscale.core.reconcile.launching import (
     Outcome,
     RetryAt,
     judge_launch_error,
+    next_try_in,
     retry_delay,
 )
 from gpuscale.core.reconcile.records import (
@@ -76,6 +77,7 @@ __all__ = [
     "expire_deadlines",
     "find_node",
     "judge_launch_error",
+    "next_try_in",
     "on_provider_events",
     "progress_replacements",
     "retry_delay",

@@ -186,3 +186,23 @@ def retry_delay(exc: ProviderError, attempts: int, rules: LaunchRules) -> float:
         return policy.delay_s
     base = rules.retry_base_s if rules.retry_base_s is not None else max(policy.delay_s, 1.0)
     return min(rules.max_backoff_s, base * 2.0 ** (max(1, attempts) - 1))
+
+
+def next_try_in(exc: ProviderError, attempts: int, rules: LaunchRules) -> float | None:
+    """For a caller that retries one request as a whole (the GPR manager): the delay before trying again after its
+    ``attempts``-th failed attempt, the last with ``exc``, or None when the policy says not to retry it
+    (``never``, ``next-offering``, or a retryable error's ``max_attempts`` used up). A pool-wide ``backoff``
+    (``max_attempts`` = 0, a quota) is retried without limit, from ``quota_backoff_s`` or the policy's delay."""
+    policy = exc.retry
+    if policy.kind is RetryKind.AFTER:
+        return policy.delay_s
+    if policy.kind is not RetryKind.BACKOFF:
+        return None
+    n = max(1, attempts)
+    if policy.max_attempts <= 0:
+        base = rules.quota_backoff_s if rules.quota_backoff_s is not None else policy.delay_s
+    elif n >= policy.max_attempts:
+        return None
+    else:
+        base = rules.retry_base_s if rules.retry_base_s is not None else policy.delay_s
+    return min(rules.max_backoff_s, base * 2.0 ** (n - 1))

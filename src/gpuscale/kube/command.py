@@ -1,0 +1,257 @@
+"""``gpuscale controller``: the reconcile loop against a live cluster.
+
+Start-up checks (each failure is one line and exit 2): the kubeconfig or service account, the API server answering,
+the credentials accepted, and every (verb, resource) the adapter uses granted (a SelfSubjectAccessReview each), then
+the first list of every watched resource. After that a lost API server never crashes the process: the cache retries
+with back-off and reconciles pause until every watch is back (a decision on a stale view could launch twice).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+from gpuscale.catalogs import load_catalog
+from gpuscale.clock import Clock, SystemClock
+from gpuscale.controller.loop import Controller, ControllerConfig
+from gpuscale.core.model import Catalog, NodePool
+from gpuscale.errors import InputError
+from gpuscale.kube import API_VERBS
+from gpuscale.kube.backend import KubeBackend
+from gpuscale.kube.cache import KubeCache
+from gpuscale.kube.client import KubeClient, KubeError, load_config
+from gpuscale.kube.events import EventRecorder
+from gpuscale.kube.kwok import KwokConfig, KwokProvider
+from gpuscale.providers.base import Provider
+
+__all__ = ["ControllerProcess", "check_access", "controller_command"]
+
+log = logging.getLogger(__name__)
+
+KWOK_ONLY = frozenset({("create", "nodes"), ("patch", "nodes/status")})
+"""Pairs only the kwok provider needs."""
+
+
+def check_access(client: KubeClient, pairs: Any) -> None:
+    """Ask the API server (SelfSubjectAccessReview) whether each (verb, resource) is granted; raise
+    :class:`KubeError` 403 naming the first refused one. A server that cannot be reached or refuses the credentials
+    raises too."""
+    from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
+
+    for verb, resource in pairs:
+        name, _, sub = resource.partition("/")
+        plural, _, group = name.partition(".")
+        review = SelfSubjectAccessReview.from_dict(
+            {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectAccessReview",
+                "spec": {
+                    "resourceAttributes": {
+                        "verb": verb,
+                        "resource": plural,
+                        "group": group,
+                        **({"subresource": sub} if sub else {}),
+                    }
+                },
+            }
+        )
+        got = client.run(client.api.create(review), verb="create", resource="selfsubjectaccessreviews")
+        if not (got.status and got.status.allowed):
+            raise KubeError("not granted by RBAC", status=403, reason="Forbidden", verb=verb, resource=resource)
+
+
+def _setup_error(exc: KubeError) -> InputError:
+    return InputError(exc.describe(), where="API server", fix="")
+
+
+@dataclass
+class ControllerProcess:
+    """The wiring of one controller process; :meth:`run` loops until :attr:`stop` is set."""
+
+    client: KubeClient
+    catalog: Catalog
+    provider_name: str
+    clock: Clock = field(default_factory=SystemClock)
+    config: ControllerConfig = field(default_factory=ControllerConfig)
+    kwok: KwokConfig = field(default_factory=KwokConfig)
+    pools: list[NodePool] | None = None
+    """Pools to use; None reads the cluster's GPUNodePool objects (re-read when they change)."""
+    interval_s: float = 1.0
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    provider_factory: Callable[[], Provider] | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    rounds: int = 0
+    cache: KubeCache = field(init=False)
+    backend: KubeBackend = field(init=False)
+    provider: Provider = field(init=False)
+    controller: Controller = field(init=False)
+    _pools_version: int = field(default=-1, init=False)
+
+    def start(self, *, sync_timeout_s: float = 30.0, check: bool = True) -> ControllerProcess:
+        """Check access, fill the cache, build the controller. Raises :class:`InputError` on any start-up failure."""
+        try:
+            if check:
+                pairs = [p for p in API_VERBS if self.provider_name == "kwok" or p not in KWOK_ONLY]
+                check_access(self.client, pairs)
+            self.cache = KubeCache(self.client).start()
+            self.cache.wait_synced(sync_timeout_s)
+        except KubeError as exc:
+            raise _setup_error(exc) from exc
+        self.backend = KubeBackend(
+            self.client, self.cache, self.catalog, events=EventRecorder(self.client, None, self.clock)
+        )
+        self.backend.events.cache = self.cache
+        self.provider = self._provider()
+        self.controller = Controller(
+            self.backend, self.provider, self._current_pools(), self.catalog, self.clock, self.config
+        )
+        return self
+
+    def _provider(self) -> Provider:
+        if self.provider_factory is not None:
+            return self.provider_factory()
+        if self.provider_name == "kwok":
+            return KwokProvider(self.client, self.catalog, self.clock, self.kwok)
+        if self.provider_name == "linode":
+            from gpuscale.kube.matching import ProviderIdMatcher
+            from gpuscale.providers.linode import LinodeConfig, LinodeProvider
+
+            linode = LinodeProvider(LinodeConfig.from_env(self.env), env=self.env, clock=self.clock)
+            return ProviderIdMatcher(linode, self.cache, scheme="linode://")
+        if self.provider_name == "aws":  # node names are the instances' private DNS names, as EKS registers them
+            from gpuscale.providers.aws_factory import aws_provider_from_env
+
+            return aws_provider_from_env(self.env, self.clock)
+        raise InputError(
+            f"provider {self.provider_name!r} is not available with a live cluster",
+            where="--provider",
+            fix="use kwok (Node objects in this cluster), linode or aws",
+        )
+
+    def _current_pools(self) -> list[NodePool]:
+        if self.pools is not None:
+            return self.pools
+        self._pools_version = self.cache.version
+        return self.backend.node_pools()
+
+    def step(self) -> bool:
+        """One reconcile if the cache is healthy; returns whether it ran."""
+        if not self.cache.healthy:
+            return False
+        if self.pools is None and self._pools_version != self.cache.version:
+            pools = self.backend.node_pools()
+            if {p.name: p for p in pools} != self.controller.pools:
+                self.controller.pools = {p.name: p for p in pools}
+            self._pools_version = self.cache.version
+        self.controller.reconcile()
+        self.rounds += 1
+        return True
+
+    def run(self, max_rounds: int | None = None) -> None:
+        """Reconcile until stopped: at the controller's next wake-up, on a cluster change, or every interval. With
+        ``max_rounds``, stop after that many rounds or once no timed work is due within the interval."""
+        changed = threading.Event()
+        self.cache.on_change(changed.set)
+        while not self.stop.is_set():
+            ran = self.step()
+            wait = self.interval_s
+            wake = self.controller.next_wakeup() if ran else None
+            if wake is not None:
+                wait = max(0.0, min(wait, wake - self.clock.now()))
+            if max_rounds is not None and (
+                self.rounds >= max_rounds or (ran and (wake is None or wait >= self.interval_s))
+            ):
+                return
+            else:
+                log.warning(
+                    "waiting for the API server: %s", "; ".join(e.describe() for e in self.cache.errors().values())
+                )
+            changed.wait(wait)
+            changed.clear()
+
+    def close(self) -> None:
+        self.stop.set()
+        if hasattr(self, "cache"):
+            self.cache.stop()
+            self.backend.events.flush(2)
+        self.client.close()
+
+
+@click.command("controller")
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False),
+    help="Kubeconfig file (default: KUBECONFIG, ~/.kube/config; in a pod: the service account).",
+)
+@click.option("--context", help="Kubeconfig context (default: its current context).")
+@click.option(
+    "--provider", type=click.Choice(["linode", "kwok", "sim", "aws"]), required=True, help="Where nodes come from."
+)
+@click.option("--catalog", default="linode", show_default=True, help="Catalog name or file.")
+@click.option("--region", default=None, help="Catalog region.")
+@click.option("--namespace", default="gpuscale", show_default=True, help="The controller's own namespace (Lease).")
+@click.option(
+    "--pools", "pools_file", type=click.Path(dir_okay=False), help="GPUNodePool YAML instead of the cluster's objects."
+)
+@click.option("--interval", default=1.0, show_default=True, help="Reconcile at least every this many seconds.")
+@click.option("--device-plugin-delay", default=0.0, show_default=True, help="kwok: seconds before a node's GPUs show.")
+@click.option(
+    "--metrics-port", default=8080, show_default=True, help="Port of /metrics (wired by the deployment work)."
+)
+@click.option("--health-port", default=8081, show_default=True, help="Port of /healthz and /readyz.")
+@click.option(
+    "--leader-elect/--no-leader-elect", default=False, show_default=True, help="Act only while holding the Lease."
+)
+@click.option("--once", is_flag=True, help="Check access, sync, reconcile until nothing is due soon, and exit.")
+def controller_command(
+    kubeconfig: str | None,
+    context: str | None,
+    provider: str,
+    catalog: str,
+    region: str | None,
+    namespace: str,
+    pools_file: str | None,
+    interval: float,
+    device_plugin_delay: float,
+    metrics_port: int,
+    health_port: int,
+    leader_elect: bool,
+    once: bool,
+) -> None:
+    """Run gpuscale as a controller in (or against) a Kubernetes cluster."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if provider == "sim":
+        raise InputError(
+            "the simulated cloud cannot add nodes to a live cluster",
+            where="--provider sim",
+            fix="use --provider kwok for fake nodes in the cluster (or gpuscale simulate without a cluster)",
+        )
+    cat = load_catalog(catalog, region=region)
+    pools = None
+    if pools_file is not None:
+        from gpuscale.manifests import load_snapshot
+
+        pools = list(load_snapshot(pools_file, catalog=cat, now=SystemClock().now()).pools)
+    client = KubeClient(load_config(kubeconfig, context))
+    proc = ControllerProcess(
+        client,
+        cat,
+        provider,
+        pools=pools,
+        interval_s=interval,
+        kwok=KwokConfig(device_plugin_delay_s=device_plugin_delay),
+    )
+    try:
+        proc.start()
+        click.echo(f"gpuscale controller: {len(proc.controller.pools)} pool(s), provider {provider}", err=True)
+        proc.run(max_rounds=20 if once else None)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        proc.close()

@@ -1,0 +1,61 @@
+"""Cloud nodes matched to Node objects by provider id (``spec.providerID``, e.g. ``linode://12345``).
+
+A cloud's node list knows its instances, not the Kubernetes names they register under. :class:`ProviderIdMatcher`
+wraps a provider and fills each :class:`~gpuscale.providers.base.CloudNode`'s ``node_name`` from the cached Node whose
+provider id names the same instance, so the controller follows the claim from launch to registration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from gpuscale.kube.cache import KubeCache
+from gpuscale.providers.base import CloudNode, LaunchRequest, Provider, ProviderCapabilities, ProviderEvent
+
+__all__ = ["ProviderIdMatcher"]
+
+
+class ProviderIdMatcher:
+    """A provider whose listed nodes carry the name of the Node registered for them."""
+
+    def __init__(self, inner: Provider, cache: KubeCache, *, scheme: str) -> None:
+        self.inner = inner
+        self.cache = cache
+        self.scheme = scheme
+        self.name = inner.name
+        self._index: tuple[int, dict[str, str]] = (-1, {})
+
+    @property
+    def capabilities(self) -> ProviderCapabilities:
+        return self.inner.capabilities
+
+    def _names(self) -> dict[str, str]:
+        if self._index[0] != self.cache.version:
+            out = {}
+            for obj in self.cache.objects("nodes"):
+                pid = str((obj.get("spec") or {}).get("providerID") or "")
+                if pid.startswith(self.scheme):
+                    out[pid[len(self.scheme) :]] = obj["metadata"]["name"]
+            self._index = (self.cache.version, out)
+        return self._index[1]
+
+    def _match(self, nodes: Sequence[CloudNode]) -> list[CloudNode]:
+        names = self._names()
+        out = []
+        for cn in nodes:
+            name = names.get(cn.instance_id) or names.get(cn.node_id)
+            out.append(replace(cn, node_name=name) if name and not cn.node_name else cn)
+        return out
+
+    def launch(self, request: LaunchRequest) -> Sequence[CloudNode]:
+        return self._match(self.inner.launch(request))
+
+    def delete_node(self, node_id: str) -> None:
+        self.inner.delete_node(node_id)
+
+    def list_nodes(self) -> Sequence[CloudNode]:
+        return self._match(self.inner.list_nodes())
+
+    def poll_errors(self) -> Sequence[ProviderEvent]:
+        return self.inner.poll_errors()
