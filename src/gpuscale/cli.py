@@ -330,26 +330,6 @@ def _provider_catalog(provider: str, catalog: str, source: click.core.ParameterS
     return catalog
 
 
-def _provider_catalog(provider: str, catalog: str, source: click.core.ParameterSource | None) -> str:
-    """The catalog to plan on for ``--provider``: its own shipped catalog unless ``--catalog`` names one (which must
-    then be that provider's, e.g. ``aws:eu-west-1``, or a custom YAML file)."""
-    from gpuscale.catalogs import KNOWN_CATALOGS
-
-    name = provider.strip().lower()
-    if name not in KNOWN_CATALOGS:
-        raise InputError(
-            "unknown provider", where="--provider", value=provider, fix=f"use one of {', '.join(KNOWN_CATALOGS)}"
-        )
-    if source is click.core.ParameterSource.DEFAULT:
-        return name
-    given = catalog.partition(":")[0].lower()
-    if given in KNOWN_CATALOGS and given != name:
-        raise InputError(
-            f"catalog {catalog!r} is not provider {name!r}'s", where="--catalog", fix=f"use {name} or {name}:REGION"
-        )
-    return catalog
-
-
 def print_plan(result: ScaleUpPlan, snap: Snapshot) -> None:
     """Human tables of launches and blocked pods."""
     from rich.console import Console
