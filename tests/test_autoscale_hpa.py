@@ -2,7 +2,8 @@
 
 Each case id names the documentation section it comes from (kubernetes.io, "Horizontal Pod Autoscaling" concept page,
 "HorizontalPodAutoscaler Walkthrough" task page); the expected numbers are the documentation's or hand-computed from
-the rules the section states (shown in the comment of the case).
+the rules the section states (shown in the comment of the case). Cases named ``k8s-TestReplicaCalc...`` are the
+inputs and expected replicas of the HPA controller's own unit tests (``replica_calculator_test.go``).
 """
 
 from __future__ import annotations
@@ -72,6 +73,29 @@ RATIO_CASES = [
     ("external-averagevalue-within-tolerance", AVG, 100, 310, 3, None, 3),
     # External Value: ratio times ready pods
     ("external-value-ratio-times-ready-pods", VAL, 100, 250, 2, None, 5),
+]
+
+
+# The HPA controller's own unit tests (kubernetes/kubernetes, pkg/controller/podautoscaler/replica_calculator_test.go):
+# pods' levels as (average over the ready pods with metrics, pod counts); equal requests, so utilisation targets are
+# per-pod values.
+RATIO_CASES += [
+    ("k8s-TestReplicaCalcScaleUp", POD, 300, 500, 3, None, 5),  # levels 300, 500, 700
+    ("k8s-TestReplicaCalcScaleUpUnreadyLessScale", POD, 300, 600, 3, PodCounts(2, 1, 0), 4),
+    ("k8s-TestReplicaCalcScaleUpUnreadyNoScale", POD, 300, 400, 3, PodCounts(1, 2, 0), 3),
+    ("k8s-TestReplicaCalcScaleUpCM", POD, 15000, 20000, 3, None, 4),
+    ("k8s-TestReplicaCalcScaleUpCMUnreadyLessScale", POD, 15000, 30000, 3, PodCounts(2, 1, 0), 4),
+    ("k8s-TestReplicaCalcScaleUpCMUnreadyNoScaleWouldScaleDown", POD, 15000, 15000, 3, PodCounts(1, 2, 0), 3),
+    ("k8s-TestReplicaCalcScaleDown", POD, 500, 280, 5, None, 3),  # levels 100, 300, 500, 250, 250
+    ("k8s-TestReplicaCalcScaleDownCM", POD, 20000, 12000, 5, None, 3),
+    ("k8s-TestReplicaCalcScaleDownIgnoresUnreadyPods", POD, 500, 300, 5, PodCounts(3, 2, 0), 2),
+    ("k8s-TestReplicaCalcToleranceCM", POD, 20000, 62000 / 3, 3, None, 3),  # 20000, 21000, 21000
+    ("k8s-TestReplicaCalcMissingMetrics", POD, 1000, 247.5, 4, PodCounts(2, 0, 2), 3),  # levels 400, 95
+    ("k8s-TestReplicaCalcMissingMetricsNoChangeEq", POD, 1000, 1000, 2, PodCounts(1, 0, 1), 2),
+    ("k8s-TestReplicaCalcMissingMetricsNoChangeGt", POD, 1000, 1900, 2, PodCounts(1, 0, 1), 2),
+    ("k8s-TestReplicaCalcMissingMetricsNoChangeLt", POD, 1000, 600, 2, PodCounts(1, 0, 1), 2),
+    ("k8s-TestReplicaCalcMissingMetricsUnreadyNoChange", POD, 500, 450, 3, PodCounts(1, 1, 1), 3),
+    ("k8s-TestReplicaCalcMissingMetricsUnreadyScaleUp", POD, 500, 2000, 3, PodCounts(1, 1, 1), 4),
 ]
 
 

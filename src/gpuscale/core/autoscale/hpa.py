@@ -5,7 +5,8 @@ One call of :func:`decide` is one HPA sync of one target:
 1. each metric proposes a replica count from its usage ratio (``ceil(ratio * pods)``), or keeps the current count
    when the ratio is within the tolerance (0.1 by default; per direction when the behaviour sets one);
    a per-pod metric (:attr:`MetricKind.POD_AVERAGE`) runs the HPA's rebalance pass for pods missing the metric
-   (100 % of target on a scale-down, 0 % on a scale-up) and not-ready pods (0 % on a scale-up, else ignored), and
+   (100 % of target on a scale-down, 0 % on a scale-up, left out at a ratio of exactly 1) and not-ready pods (0 % on
+   a scale-up, else ignored), and
    keeps the current count when that pass reverses the direction; external ``Value`` and ``AverageValue`` targets
    compute as the HPA does for External metrics (KEDA's triggers are External metrics);
 2. the largest proposal wins (the first metric on a tie); when every metric failed, or one failed and the others
@@ -209,9 +210,14 @@ def _pod_average(
         if _within(ratio, up, down):
             return Proposal(name, current, ratio, f"ratio {ratio:.3g} within tolerance")
         return Proposal(name, math.ceil(ratio * ready), ratio, f"ratio {ratio:.3g} x {ready} ready pods")
-    if missing > 0 and ratio < 1.0:
-        total += missing * target_m  # scale-down: pods without the metric count as at target
-    counted = ready + missing + (unready if up_with_unready else 0)  # scale-up: they and unready pods count as 0
+    counted = ready
+    if missing > 0 and ratio < 1.0:  # scale-down: pods without the metric count as at target
+        total += missing * target_m
+        counted += missing
+    elif missing > 0 and ratio > 1.0:  # scale-up: as 0 (at exactly 1.0 they are left out)
+        counted += missing
+    if up_with_unready:  # scale-up: unready pods count as 0
+        counted += unready
     new_ratio = (total // counted) / target_m
     what = f"ratio {ratio:.3g} rebalanced to {new_ratio:.3g} over {counted} pods"
     if _within(new_ratio, up, down):
