@@ -221,3 +221,25 @@ def test_fixed_sample_and_zero_current_external() -> None:
     assert propose(target, Sample(None, fixed=3, note="fallback"), 5, PodCounts(5), Behavior()).replicas == 3
     assert propose(target, Sample(25), 0, PodCounts(0), Behavior()).replicas == 3
     assert propose(MetricTarget("v", VAL, 10), Sample(25), 0, PodCounts(0), Behavior()).replicas == 3
+
+
+@pytest.mark.parametrize(
+    ("current", "proposed", "recs", "expected", "condition"),
+    [
+        (5, 10, ((-120, 8), (-240, 7)), 7, "ScaleUpStabilized"),  # lowest of the 300 s scale-up window
+        (8, 3, ((-300, 5), (-480, 4)), 5, "ScaleDownStabilized"),  # -300 s is outside the up window, inside down's
+    ],
+    ids=["controller-tests-scale-up-stabilized", "controller-tests-scale-down-stabilized"],
+)
+def test_stabilization_windows_300_up_600_down(
+    current: int, proposed: int, recs: tuple[tuple[int, int], ...], expected: int, condition: str
+) -> None:
+    """The stabilisation cases of the HPA controller tests (windows 300 s up, 600 s down, earlier recommendations
+    at the given offsets): the result stays between the up window's lowest and the down window's highest."""
+    b = Behavior(ScalingRules(300, UNLIMITED.scale_up.policies), ScalingRules(600, UNLIMITED.scale_down.policies))
+    spec = HpaSpec(1, 100, (MetricTarget("m", AVG, 10),), b)
+    now = 1000.0
+    state = HpaState(recommendations=tuple((now + dt, r) for dt, r in recs))
+    d = decide(spec, current, {"m": Sample(proposed * 10)}, PodCounts(current), state, now)
+    assert (d.desired, d.condition) == (expected, condition)
+    assert d.state.recommendations[-1] == (now, proposed)  # the unstabilised recommendation is recorded
