@@ -40,6 +40,8 @@ EXTRAS: dict[str, str] = {
     "scipy": "solver",
     "linode_api4": "linode",
     "requests": "linode",
+    "lightkube": "kube",
+    "httpx2": "kube",
     "pynvml": "agent",
     "prometheus_client": "agent",
 }
@@ -209,6 +211,9 @@ _ROOT_LAZY = {
         ("prometheus_client",),
     ),
     "compare": Lazy("gpuscale.sim.commands:compare_command", "Run a scenario under gpuscale and baseline policies."),
+    "controller": Lazy(
+        "gpuscale.kube.command:controller_command", "Run the controller against a Kubernetes cluster.", ("lightkube",)
+    ),
     "crds": Lazy("gpuscale.manifests.crds:crds_command", "Print, write or check gpuscale's CRDs."),
     "demo": Lazy("gpuscale.sim.commands:demo_command", "A simulated day of bursty GPU work autoscaled by gpuscale."),
     "examples": Lazy("gpuscale.examples_cmd:examples_group", "The example files shipped with gpuscale."),
@@ -223,7 +228,7 @@ _ROOT_LAZY = {
         ("fastapi", "pydantic", "uvicorn", "httpx"),
     ),
     "simulate": Lazy("gpuscale.sim.commands:simulate_command", "Replay a scenario in the simulator."),
-    "simulate-gpr": Lazy("gpuscale.gpr.sim:gpr_sim_command", "GPR workloads on the simulated cloud."),
+    "simulate-gpr": Lazy("gpuscale.sim.gpr:gpr_sim_command", "GPR workloads on the simulated cloud."),
 }
 
 
