@@ -9,6 +9,8 @@ inputs and expected replicas of the HPA controller's own unit tests (``replica_c
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuscale.core.autoscale.hpa import (
     DEFAULT_SCALE_DOWN,
@@ -243,3 +245,37 @@ def test_stabilization_windows_300_up_600_down(
     d = decide(spec, current, {"m": Sample(proposed * 10)}, PodCounts(current), state, now)
     assert (d.desired, d.condition) == (expected, condition)
     assert d.state.recommendations[-1] == (now, proposed)  # the unstabilised recommendation is recorded
+
+
+# ------------------------------------------------------------------------------------------------- properties
+PROPS = settings(max_examples=300, derandomize=True, deadline=None, database=None)
+KINDS = st.sampled_from([POD, AVG, VAL])
+
+
+@PROPS
+@given(KINDS, st.integers(1, 1000), st.floats(0, 10_000, allow_nan=False), st.integers(1, 40), st.integers(1, 10),
+       st.integers(10, 50), st.integers(0, 3), st.integers(0, 3))  # fmt: skip
+def test_default_behavior_bounds(kind: MetricKind, target: int, value: float, current: int, lo: int, hi: int,
+                                 unready: int, missing: int) -> None:  # fmt: skip
+    """From a count within [min, max]: the result stays within them, grows by at most max(4, 100 %) in a sync, and
+    a within-tolerance ratio changes nothing."""
+    current = max(min(current, hi), lo)
+    pods = PodCounts(max(current - unready - missing, 1), unready, missing)
+    spec = HpaSpec(lo, hi, (MetricTarget("m", kind, target),))
+    d = decide(spec, current, {"m": Sample(value)}, pods, HpaState(), 0.0)
+    assert lo <= d.desired <= hi
+    assert d.desired <= max(current + 4, 2 * current)
+    if kind is AVG and 0.9 <= value / (target * current) <= 1.1:
+        assert d.desired == current
+
+
+@PROPS
+@given(KINDS, st.integers(1, 1000), st.floats(0, 10_000, allow_nan=False), st.floats(0, 10_000, allow_nan=False),
+       st.integers(1, 40))  # fmt: skip
+def test_monotone_in_the_metric(kind: MetricKind, target: int, a: float, b: float, current: int) -> None:
+    """With every pod reporting and no windows or rate limits, a larger value never proposes fewer replicas."""
+    lo_v, hi_v = sorted((a, b))
+    spec = HpaSpec(1, 100_000, (MetricTarget("m", kind, target),), UNLIMITED)
+    low = decide(spec, current, {"m": Sample(lo_v)}, PodCounts(current), HpaState(), 0.0).desired
+    high = decide(spec, current, {"m": Sample(hi_v)}, PodCounts(current), HpaState(), 0.0).desired
+    assert high >= low
