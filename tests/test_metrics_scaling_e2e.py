@@ -30,8 +30,8 @@ from prom_harness import agent, free_port, prometheus, wait_for
 
 WARMUP_S = 1.5
 """Before the first plateau (the first scrapes come meanwhile)."""
-PLATEAU_S = 1.5
-"""Real seconds per plateau; one poll in the middle of each. The HPA's clock counts 2 s per plateau (t below)."""
+PLATEAU_S = 2.0
+"""Real seconds per plateau, one poll in the middle of each; the scalers' clock (t below) counts 2 s per plateau too."""
 UTIL = (25, 100, 100, 100, 30, 30, 10, 10)
 """Per-GPU utilisation (%) of the agent's two GPUs on each plateau; the query sums them."""
 QUERY = "sum(DCGM_FI_DEV_GPU_UTIL)"
