@@ -30,6 +30,7 @@ from gpuscale.errors import (
 from gpuscale.fakes.gcp_api import FakeGcpAPI, discovery_document
 from gpuscale.providers.base import CloudNodeState, LaunchRequest, ProviderEventKind
 from gpuscale.providers.gcp import API_CALLS, GcpConfig, GcpProvider, machine_spec, pool_name
+from gpuscale.providers.gcp_support import op_error
 from provider_contract import ContractBackend
 
 CLUSTER = "projects/proj-1/locations/us-central1/clusters/gpu-c"
@@ -276,6 +277,9 @@ def test_quota_is_refused_at_launch(env: tuple[FakeGcpAPI, ManualClock]) -> None
         (401, "authError", AuthenticationError),
         (503, "backendError", TransientProviderError),
         (400, "invalid", InvalidProviderRequest),
+        (429, "QUOTA_EXCEEDED", QuotaExceeded),
+        (403, "QUOTA_EXCEEDED", QuotaExceeded),
+        (429, "ZONE_RESOURCE_POOL_EXHAUSTED", InsufficientCapacity),
     ],
 )
 def test_errors_map_to_the_tree_and_are_not_retried(
@@ -368,3 +372,20 @@ def test_every_call_the_provider_made_is_in_api_calls(env: tuple[FakeGcpAPI, Man
     clock.sleep(61)
     p.poll_errors()
     assert set(fake.calls) == set(API_CALLS)
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        (
+            "Google Compute Engine: ZONE_RESOURCE_POOL_EXHAUSTED: the zone does not have enough resources",
+            InsufficientCapacity,
+        ),
+        ("Instance 'gke-x' creation failed: GCE_STOCKOUT", InsufficientCapacity),
+        ("RESOURCE_EXHAUSTED: Quota 'NVIDIA_L4_GPUS' exceeded. Limit: 8.0 in region us-central1.", QuotaExceeded),
+        ("Insufficient regional quota to satisfy request: QUOTA_EXCEEDED", QuotaExceeded),
+    ],
+)
+def test_failed_operation_messages_map_to_capacity_or_quota(message: str, error: type[Exception]) -> None:
+    err = op_error(message, "create pool p")
+    assert type(err) is error and err.provider == "gcp"
