@@ -5,16 +5,21 @@ replicas and cron schedules."""
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
+
+import pytest
+import yaml
 
 from gpuscale.core.autoscale.hpa import (
     Behavior,
     MetricKind,
     MetricTarget,
+    PodCounts,
     PolicyType,
     ScalingPolicy,
     ScalingRules,
 )
-from gpuscale.core.autoscale.keda import EMPTY, Fallback, ScalerSpec, Schedule, Trigger, window_open
+from gpuscale.core.autoscale.keda import EMPTY, Fallback, ScalerSpec, ScalerState, Schedule, Trigger, step, window_open
 from gpuscale.core.autoscale.replay import HistoryStep, replay
 from gpuscale.core.cron import parse_cron
 
@@ -122,3 +127,20 @@ def test_cron_windows() -> None:
     assert not window_open(start, end, at(2026, 1, 10, 12, 0))  # Saturday
     night = (parse_cron("0 22 * * *"), parse_cron("0 6 * * *"))
     assert window_open(*night, at(2026, 1, 6, 3, 0)) and not window_open(*night, at(2026, 1, 6, 12, 0))
+
+
+def test_status_matches_the_crd() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    crd = yaml.safe_load(
+        (Path(__file__).resolve().parents[1] / "deploy" / "crds" / "gpuworkloadscaler.yaml").read_text()
+    )
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    s = spec(fallback=Fallback(failure_threshold=5, replicas=2))
+    state = ScalerState()
+    d = step(s, state, 0, {"q": 60}, PodCounts(0), 90_000.0)
+    d = step(s, d.state, d.desired, {}, PodCounts(1), 90_030.0)
+    status = d.status(granted=1)
+    jsonschema.validate(status, schema, format_checker=jsonschema.FormatChecker())
+    assert status["lastActiveTime"] == "1970-01-02T01:00:00Z"
+    assert status["health"] == {"q": {"numberOfFailures": 1, "status": "Failing"}}
+    assert set(status) == set(schema["properties"])

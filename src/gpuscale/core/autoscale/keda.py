@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -101,6 +102,26 @@ class ScalerDecision:
     active: bool
     hpa: HpaDecision | None
     state: ScalerState = field(repr=False)
+
+    def status(self, granted: int | None = None) -> dict[str, object]:
+        """The GPUWorkloadScaler's ``status`` (``deploy/crds/gpuworkloadscaler.yaml``); ``granted`` is the budget
+        arbiter's grant when the scaler is in a GPU budget."""
+        out: dict[str, object] = {
+            "currentReplicas": self.current,
+            "desiredReplicas": self.desired,
+            "active": self.active,
+            "reason": self.reason,
+            "health": {
+                name: {"numberOfFailures": n, "status": "Failing" if n else "Happy"}
+                for name, n in sorted(self.state.failures.items())
+            },
+        }
+        if self.state.last_active is not None:
+            when = dt.datetime.fromtimestamp(self.state.last_active, dt.UTC)
+            out["lastActiveTime"] = when.strftime("%Y-%m-%dT%H:%M:%SZ")
+        if granted is not None:
+            out["grantedReplicas"] = granted
+        return out
 
 
 def window_open(start: CronSchedule, end: CronSchedule, now: float) -> bool:
