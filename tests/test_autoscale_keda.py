@@ -5,6 +5,7 @@ replicas and cron schedules."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def spec(**kw: object) -> ScalerSpec:
     return ScalerSpec(**base)  # type: ignore[arg-type]
 
 
-def desired(s: ScalerSpec, steps: list[tuple[float, dict[str, float]]], **kw: object) -> list[int]:
+def desired(s: ScalerSpec, steps: Sequence[tuple[float, Mapping[str, float]]], **kw: object) -> list[int]:
     rows = replay(s, [HistoryStep(t, m) for t, m in steps], **kw)  # type: ignore[arg-type]
     return [r.desired for r in rows]
 
@@ -91,7 +92,7 @@ def test_ignore_null_values() -> None:
     keep = spec()
     strict = spec(triggers=(Trigger("q", MetricTarget("q", MetricKind.AVERAGE_VALUE, 10), 5, False),),
                   fallback=Fallback(0, 4))  # fmt: skip
-    steps = [(0, {"q": 30}), (30, {"q": EMPTY})]
+    steps: list[tuple[float, Mapping[str, float]]] = [(0, {"q": 30}), (30, {"q": EMPTY})]
     assert desired(keep, steps) == [1, 1]  # empty reads as 0: the HPA's minimum
     assert desired(strict, steps) == [1, 4]  # empty is a failure: fallback after more than 0 failures
 
@@ -118,8 +119,8 @@ def test_cron_schedule_raises_the_minimum_while_open() -> None:
 def test_cron_windows() -> None:
     start, end = parse_cron("0 8 * * 1-5"), parse_cron("0 20 * * 1-5")
 
-    def at(*a: int) -> float:
-        return dt.datetime(*a, tzinfo=dt.UTC).timestamp()  # type: ignore[misc]
+    def at(y: int, mo: int, d: int, h: int, mi: int) -> float:
+        return dt.datetime(y, mo, d, h, mi, tzinfo=dt.UTC).timestamp()
 
     assert window_open(start, end, at(2026, 1, 5, 8, 0))
     assert window_open(start, end, at(2026, 1, 5, 19, 59))
