@@ -5,7 +5,8 @@ planner settings from the environment (:func:`gpuscale.gpr.manager.config_from_e
 any provider of :mod:`gpuscale.providers.registry` by name: ``sim`` (the simulated cloud on wall-clock time, for
 demos and tests; the server never imports the simulator) or ``linode``
 (:class:`~gpuscale.providers.linode.LinodeProvider` from ``LINODE_TOKEN``, ``LINODE_CLUSTER_ID``, ``LINODE_REGION``;
-a missing token is reported on the GPRs, never raised).
+a missing token is reported on the GPRs, never raised) or ``aws`` (:mod:`gpuscale.providers.aws_factory` from
+``GPUSCALE_AWS_*``, ``AWS_REGION`` and boto3's credential chain; a bad setting is reported on the GPRs the same way).
 """
 
 from __future__ import annotations
@@ -96,8 +97,11 @@ def build_manager(
     from gpuscale.catalogs import load_catalog
 
     region = (env.get("LINODE_REGION") or None) if provider == "linode" else None
+    if provider == "aws" and ":" not in catalog:
+        region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None
     cat = load_catalog(catalog, region=region)
-    config = config_from_env(env, provider=provider, cluster=env.get("LINODE_CLUSTER_ID", ""))
+    cluster = env.get("GPUSCALE_AWS_CLUSTER", "") if provider == "aws" else env.get("LINODE_CLUSTER_ID", "")
+    config = config_from_env(env, provider=provider, cluster=cluster)
     max_exit = max_exit_from_env(env)
     store = GprStore(db)
     factory = provider_factory(provider, ProviderSettings(env, clock, cat, sim_latency_s=sim_latency_s))
@@ -162,7 +166,8 @@ def serve(
     if not token:
         raise InputError("is not set", where=f"environment variable {TOKEN_ENV}", fix="export a long random secret")
     manager = build_manager(db, provider=provider, catalog=catalog, env=env)
-    loop = ReconcileLoop(manager, interval_s, secrets=(env.get("LINODE_TOKEN", ""), token))
+    aws_secrets = tuple(env.get(k, "") for k in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID"))
+    loop = ReconcileLoop(manager, interval_s, secrets=(env.get("LINODE_TOKEN", ""), token, *aws_secrets))
     loop.start()
     try:
         app = create_app(manager, token=token, allowed_hosts=allowed_hosts_for(host, allowed_hosts))
