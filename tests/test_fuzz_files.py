@@ -238,7 +238,8 @@ def _sweep(command: str, base: str, args: Callable[[str], list[str]], every_type
 
 
 @pytest.mark.parametrize(
-    ("command", "every_type"), [("plan", False), ("simulate", True), ("simulate-gpr", True), ("catalog", True)]
+    ("command", "every_type"),
+    [("plan", False), ("simulate", True), ("simulate-gpr", True), ("catalog", True), ("scaler", True)],
 )
 def test_a_wrong_type_at_every_field(command: str, every_type: bool) -> None:
     snapshot = str(example("snapshot.yaml"))
@@ -247,6 +248,10 @@ def test_a_wrong_type_at_every_field(command: str, every_type: bool) -> None:
         "simulate": (_tiny_scenario(), lambda p: ["simulate", p]),
         "simulate-gpr": (_tiny_gpr_scenario(), lambda p: ["simulate-gpr", p]),
         "catalog": (example("catalog-custom.yaml").read_text(), lambda p: ["plan", "--catalog", p, snapshot]),
+        "scaler": (
+            example("scaler.yaml").read_text(),
+            lambda p: ["scaler", "replay", p, str(example("scaler-history.yaml"))],
+        ),
     }[command]
     counts = _sweep(command, base, args, every_type)
     assert counts["exit 2"] > counts["exit 0"]
