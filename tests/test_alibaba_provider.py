@@ -333,3 +333,18 @@ def test_alibaba_catalog_types_launch(env: tuple[FakeAlibabaAPI, ManualClock]) -
     p = _provider(fake, clock)
     nodes = p.launch(LaunchRequest("r1", "gpu", itype.name, "us-east-1a"))
     assert [n.instance_type for n in nodes] == [itype.name]
+
+
+def test_after_a_restart_nodes_are_listed_by_instance_id_for_adoption(env: tuple[FakeAlibabaAPI, ManualClock]) -> None:
+    fake, clock = env
+    first = _provider(fake, clock)
+    first.launch(_req("r1", count=2))
+    clock.sleep(61)
+    before = first.list_nodes()
+    second = _provider(fake, clock)
+    after = second.list_nodes()
+    assert sorted(n.node_id for n in after) == sorted(n.instance_id for n in before)
+    assert {n.request_id for n in after} == {""} and {n.pool for n in after} == {"gpu"}
+    second.delete_node(after[0].node_id)  # an adopted node is deleted by its instance id
+    clock.sleep(61)
+    assert [n.node_id for n in second.list_nodes()] == [after[1].node_id]

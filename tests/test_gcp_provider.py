@@ -389,3 +389,37 @@ def test_every_call_the_provider_made_is_in_api_calls(env: tuple[FakeGcpAPI, Man
 def test_failed_operation_messages_map_to_capacity_or_quota(message: str, error: type[Exception]) -> None:
     err = op_error(message, "create pool p")
     assert type(err) is error and err.provider == "gcp"
+
+
+def test_vms_a_crashed_launch_never_labelled_are_collected_after_the_grace(env: tuple[FakeGcpAPI, ManualClock]) -> None:
+    fake, clock = env
+    first = _provider(fake, clock)
+    first.launch(_req("r1", count=2))  # crashes before it sees the VMs: they never get their labels
+    clock.sleep(61)
+    second = _provider(fake, clock, orphan_grace_s=600.0)
+    assert second.list_nodes() == []
+    assert len(fake.pools(CLUSTER)[pool_name(_req("r1"))]["instances"]) == 2  # within the grace: kept
+    clock.sleep(601)
+    second.list_nodes()
+    clock.sleep(61)
+    second.poll_errors()  # the VMs are gone: the idle pool is deleted
+    clock.sleep(61)
+    second.poll_errors()
+    assert fake.pools(CLUSTER) == {} and fake.random_removals == 0
+
+
+def test_bound_vms_carry_request_and_slot_labels(env: tuple[FakeGcpAPI, ManualClock]) -> None:
+    fake, clock = env
+    p = _provider(fake, clock)
+    p.launch(_req("r1", count=2))
+    clock.sleep(61)
+    p.list_nodes()
+    clock.sleep(61)
+    p.list_nodes()
+    url = f"{fake.endpoint}/compute/v1/projects/proj-1/zones/us-central1-a/instances"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        items = json.load(resp)["items"]
+    assert sorted((i["labels"]["gpuscale-req"], i["labels"]["gpuscale-slot"]) for i in items) == [
+        ("r1", "0"),
+        ("r1", "1"),
+    ]
