@@ -309,3 +309,12 @@ def test_fuzz_scaler_replay() -> None:
 def test_fuzz_rightsize() -> None:
     counts = _fuzz("rightsize", example("usage.yaml").read_text(), lambda p: ["rightsize", "--json", p])
     assert counts["exit 0"] > 0 and counts["exit 2"] > 0
+
+
+def test_fuzz_scaler_arbitrate() -> None:
+    scalers = [str(example("scaler.yaml")), str(example("gpubudget-scalers.yaml"))]
+    base = example("gpubudget.yaml").read_text()
+    counts = _fuzz(
+        "scaler arbitrate", base, lambda p: ["scaler", "arbitrate", p, *scalers, "--desired", "mistral-7b=6"]
+    )
+    assert counts["exit 0"] > 0 and counts["exit 2"] > 0

@@ -76,3 +76,35 @@ def test_a_file_of_several_scalers_needs_scaler(tmp_path: Path) -> None:
     assert code == 2 and "choose one with --scaler NAME" in err
     code, _, err = run("scaler", "replay", "--scaler", "other", str(both), HISTORY)
     assert code == 0, err
+
+
+BUDGET_FILES = [str(EXAMPLES / n) for n in ("gpubudget.yaml", "scaler.yaml", "gpubudget-scalers.yaml")]
+
+
+def test_arbitrate_explains_grants_and_refusals() -> None:
+    code, out, err = run("scaler", "arbitrate", *BUDGET_FILES, "--desired", "llama-70b=6", "--desired", "mistral-7b=8")
+    assert code == 0, err
+    assert out.splitlines()[0] == "GPUBudget shared-inference: 16 of 16 GPUs granted, 0 free"
+    assert "  llama-70b (llama-70b): 6 of 6 replicas, 12 GPUs" in out
+    assert "  mistral-7b (mistral-7b): 4 of 8 replicas, 4 GPUs" in out
+    assert "refused 4 replicas (4 GPUs): 0 GPUs left in the budget, 1 needed per replica; higher priority first: " \
+           "llama-70b" in out  # fmt: skip
+    code, out, _ = run("scaler", "arbitrate", *BUDGET_FILES, "--json", "--desired", "llama-70b=1")
+    status = json.loads(out)["shared-inference"]
+    grants = {g["scaler"]: g for g in status["grants"]}
+    # llama wants 1 replica (2 GPUs) of its 4 guaranteed: the 2 idle are lent; mistral (default: max 8) uses them
+    assert grants["llama-70b"]["granted"] == 1 and grants["mistral-7b"]["granted"] == 8
+    assert status["usedGPUs"] == 10
+
+
+def test_arbitrate_bad_input(tmp_path: Path) -> None:
+    code, _, err = run("scaler", "arbitrate", *BUDGET_FILES, "--desired", "nobody=3")
+    assert code == 2 and "no scaler named 'nobody'" in err
+    code, _, err = run("scaler", "arbitrate", *BUDGET_FILES, "--desired", "llama-70b")
+    assert code == 2 and "must be NAME=REPLICAS" in err
+    code, _, err = run("scaler", "arbitrate", SCALER)
+    assert code == 2 and "no GPUBudget in the files" in err
+    other = tmp_path / "b.yaml"
+    other.write_text((EXAMPLES / "gpubudget.yaml").read_text().replace("name: shared-inference", "name: other"))
+    code, _, err = run("scaler", "arbitrate", str(other), SCALER)
+    assert code == 2 and "names GPUBudget 'shared-inference', which is not in the files" in err

@@ -41,6 +41,7 @@ EXAMPLES: dict[str, str] = {
     "keda-scaledobject.yaml": "a KEDA ScaledObject, read as is: gpuscale scaler replay keda-scaledobject.yaml HISTORY",
     "gpubudget.yaml": "a GPUBudget shared by two models (the arbiter's input): kubectl apply -f gpubudget.yaml",
     "usage.yaml": "three days of container and GPU memory usage: gpuscale rightsize usage.yaml",
+    "gpubudget-scalers.yaml": "another scaler in the budget: gpuscale scaler arbitrate gpubudget.yaml scaler.yaml FILE",
 }
 """The shipped example files, each with a one-line description."""
 

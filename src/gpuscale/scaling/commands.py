@@ -1,4 +1,4 @@
-"""``gpuscale scaler replay`` (and the ``scaler`` group)."""
+"""``gpuscale scaler replay`` and ``gpuscale scaler arbitrate`` (the ``scaler`` group)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 
 import click
 
+from gpuscale.core.autoscale.budget import Budget, Demand, arbitrate
 from gpuscale.core.autoscale.replay import replay
 from gpuscale.errors import InputError
 from gpuscale.manifests.scaler import ScalerManifest, load_scalers
@@ -74,3 +75,63 @@ def replay_command(scaler_file: str, history_file: str, name: str | None, replic
     click.echo(f"{'t':>8} {'current':>7} {'desired':>7}  reason")
     for r in rows:
         click.echo(f"{r.t:>8g} {r.current:>7} {r.desired:>7}  {r.reason}")
+
+
+def _desired(pairs: tuple[str, ...]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name or not value.strip().isdigit() or len(value.strip()) > 6:
+            raise InputError("must be NAME=REPLICAS", where="--desired", value=pair, fix="e.g. --desired llama-70b=6")
+        out[name.strip()] = int(value)
+    return out
+
+
+@scaler_group.command("arbitrate")
+@click.argument("files", metavar="FILE...", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--desired", "pairs", multiple=True, metavar="SCALER=N",
+              help="Replicas a scaler wants (repeat; default: its maxReplicaCount).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print each budget's status as JSON.")
+def arbitrate_command(files: tuple[str, ...], pairs: tuple[str, ...], as_json: bool) -> None:
+    """Share each GPUBudget among its scalers (spec.gpuBudget) for the given desired replicas, and explain every
+    grant and refusal. FILE... hold the GPUBudgets and the GPUWorkloadScalers."""
+    scalers: list[ScalerManifest] = []
+    budgets: list[Budget] = []
+    for f in files:
+        got = load_scalers(f)
+        scalers.extend(got.scalers)
+        budgets.extend(got.budgets)
+    wanted = _desired(pairs)
+    known = {s.name for s in scalers}
+    for name in wanted:
+        if name not in known:
+            raise InputError(f"no scaler named {name!r}", where="--desired", fix=f"scalers: {', '.join(sorted(known))}")
+    if not budgets:
+        raise InputError("no GPUBudget in the files", where=", ".join(files), fix="add the GPUBudget's file")
+    names = {b.name for b in budgets}
+    for s in scalers:
+        if s.budget is not None and s.budget.name not in names:
+            raise InputError(f"scaler {s.name!r} names GPUBudget {s.budget.name!r}, which is not in the files",
+                             where="spec.gpuBudget.name", fix=f"budgets: {', '.join(sorted(names))}")  # fmt: skip
+    statuses: dict[str, object] = {}
+    for b in budgets:
+        members = [s for s in scalers if s.budget is not None and s.budget.name == b.name]
+        demands = [
+            Demand(s.name, s.budget.model, wanted.get(s.name, s.spec.max_replicas), s.priority,
+                   s.budget.gpus_per_replica)
+            for s in members
+            if s.budget is not None
+        ]  # fmt: skip
+        result = arbitrate(b, demands)
+        statuses[b.name] = result.status()
+        if as_json:
+            continue
+        click.echo(f"GPUBudget {b.name}: {result.used_gpus} of {b.total_gpus} GPUs granted, {result.free_gpus} free")
+        for g in result.grants:
+            click.echo(f"  {g.scaler} ({g.model}): {g.granted} of {g.desired} replicas, {g.gpus} GPUs")
+            for reason in g.reasons:
+                click.echo(f"    - {reason}")
+        for note in result.notes:
+            click.echo(f"  note: {note}")
+    if as_json:
+        click.echo(json.dumps(statuses, indent=1))
