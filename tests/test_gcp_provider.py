@@ -207,9 +207,9 @@ def test_relaunch_after_restart_finds_the_labelled_vms(env: tuple[FakeGcpAPI, Ma
     assert fake.calls.count("container.projects.locations.clusters.nodePools.create") == 1
 
 
-def test_unwanted_vms_are_deleted_after_the_grace_period(env: tuple[FakeGcpAPI, ManualClock]) -> None:
+def test_the_vm_of_a_slot_deleted_before_it_came_is_deleted(env: tuple[FakeGcpAPI, ManualClock]) -> None:
     fake, clock = env
-    p = _provider(fake, clock, orphan_grace_s=300.0)
+    p = _provider(fake, clock)
     p.launch(_req("r1", count=2))
     nodes = p.list_nodes()
     p.delete_node(nodes[0].node_id)  # before its VM exists: the VM that comes for it is surplus
@@ -391,16 +391,20 @@ def test_failed_operation_messages_map_to_capacity_or_quota(message: str, error:
     assert type(err) is error and err.provider == "gcp"
 
 
-def test_vms_a_crashed_launch_never_labelled_are_collected_after_the_grace(env: tuple[FakeGcpAPI, ManualClock]) -> None:
+def test_vms_a_crashed_launch_never_labelled_are_listed_for_adoption(env: tuple[FakeGcpAPI, ManualClock]) -> None:
     fake, clock = env
     first = _provider(fake, clock)
     first.launch(_req("r1", count=2))  # crashes before it sees the VMs: they never get their labels
     clock.sleep(61)
-    second = _provider(fake, clock, orphan_grace_s=600.0)
-    assert second.list_nodes() == []
-    assert len(fake.pools(CLUSTER)[pool_name(_req("r1"))]["instances"]) == 2  # within the grace: kept
-    clock.sleep(601)
-    second.list_nodes()
+    second = _provider(fake, clock)
+    vms = fake.pools(CLUSTER)[pool_name(_req("r1"))]["instances"]
+    adopted = second.list_nodes()
+    assert sorted(n.node_id for n in adopted) == vms and {n.request_id for n in adopted} == {""}
+    assert {(n.pool, n.instance_type, n.node_name == n.node_id) for n in adopted} == {("gpu", "g2-standard-8", True)}
+    clock.sleep(3600)
+    assert len(second.list_nodes()) == 2  # never deleted on a guess
+    for n in adopted:
+        second.delete_node(n.node_id)
     clock.sleep(61)
     second.poll_errors()  # the VMs are gone: the idle pool is deleted
     clock.sleep(61)

@@ -13,9 +13,10 @@ A launch of ``count`` nodes reserves ``count`` *slots* of the pool; a slot's nod
 ``<pool name>/<request key>/<i>`` and is what :meth:`GcpProvider.launch` returns at once. A slot becomes a node when
 the managed instance group (MIG) creates a VM for it: the provider then writes ``gpuscale-req=<request key>`` and
 ``gpuscale-slot=<i>`` on the VM (``instances.setLabels``), which is how a restarted provider knows which request
-each VM serves, and how a relaunch of a served request id returns its nodes instead of creating more. VMs of a
-gpuscale pool with no slot (a slot deleted before its VM came, or a launch a crashed process never labelled) are
-deleted once older than ``orphan_grace_s``.
+each VM serves, and how a relaunch of a served request id returns its nodes instead of creating more. A VM that
+comes for a slot deleted before it came is surplus and is deleted. A VM of a gpuscale pool with neither label nor
+slot (a launch a crashed process never labelled, or a VM GKE recreated on an upgrade) is never deleted on a guess:
+it is listed with its name as node id and no request id, for the controller to adopt (and remove when idle).
 
 Long-running operations, never waited on
 ----------------------------------------
@@ -118,7 +119,6 @@ class GcpConfig:
     gpu_driver_version: str = "DEFAULT"
     """GKE GPU driver installation: ``DEFAULT``, ``LATEST`` or ``INSTALLATION_DISABLED`` (own driver DaemonSet)."""
     unavailable_ttl_s: float = 300.0
-    orphan_grace_s: float = 900.0
 
     def __post_init__(self) -> None:
         for name in ("project", "location", "cluster"):
@@ -301,13 +301,22 @@ class GcpProvider:
         """Delete one node: its VM through the MIG's ``deleteInstances``, or its open slot. Unknown ids succeed."""
         pool_id, _, rest = node_id.partition("/")
         key, _, slot_text = rest.partition("/")
-        if not slot_text.isdigit():
-            return
-        slot = int(slot_text)
+        slot = int(slot_text) if slot_text.isdigit() else -1
         with self._lock:
             pools = self._observe()
-            pool = pools.get(pool_id)
-            vm = next((v for v in (pool.vms if pool else []) if self._owner(v) == (key, slot)), None)
+            if not rest:  # an adopted VM, by name
+                pool = next((p for p in pools.values() if any(v.name == node_id for v in p.vms)), None)
+                pool_id = pool.name if pool else ""
+            else:
+                pool = pools.get(pool_id)
+            vm = next(
+                (
+                    v
+                    for v in (pool.vms if pool else [])
+                    if (v.name == node_id if not rest else self._owner(v) == (key, slot))
+                ),
+                None,
+            )
             if vm is not None and pool is not None:
                 if vm.name in self._deleting:
                     return
@@ -429,8 +438,7 @@ class GcpProvider:
         return [v for v in pool.vms if v.name not in self._deleting and v.status not in ("STOPPING", "TERMINATED")]
 
     def _bind(self, pool: _PoolView) -> None:
-        """Give each new VM of the pool an open slot (and write it on the VM); delete VMs no slot wants."""
-        now = self.clock.now()
+        """Give each new VM of the pool an open slot (and write it on the VM); delete the VMs of deleted slots."""
         for vm in sorted(self._live(pool), key=lambda v: v.name):
             if self._owner(vm) is not None:
                 continue
@@ -456,8 +464,8 @@ class GcpProvider:
                     ),
                 )
                 self._ops.append(_Op("compute", op.name, vm.zone, pool.name, "label"))
-            elif self._cancelled.get(pool.name, 0) > 0 or now - self._first_seen(vm) >= self.config.orphan_grace_s:
-                self._cancelled[pool.name] = max(0, self._cancelled.get(pool.name, 0) - 1)
+            elif self._cancelled.get(pool.name, 0) > 0:
+                self._cancelled[pool.name] -= 1
                 group = next((g for z, g in pool.groups if z == vm.zone), None)
                 if group is not None:
                     log.info("gcp: deleting VM %s of pool %s: no launch wants it", vm.name, pool.name)
@@ -704,13 +712,11 @@ class GcpProvider:
         for pool in pools.values():
             for vm in self._live(pool):
                 owner = self._owner(vm)
-                if owner is None:
-                    continue
-                key, slot = owner
+                key = owner[0] if owner else ""
                 state = _STATE.get(vm.status, CloudNodeState.PROVISIONING)
                 out.append(
                     CloudNode(
-                        node_id=f"{pool.name}/{key}/{slot}",
+                        node_id=f"{pool.name}/{key}/{owner[1]}" if owner else vm.name,
                         request_id=self._request_ids.get(key, key),
                         pool=pool.node_labels.get(wk.POOL, pool.labels.get(L_POOL, "")),
                         instance_type=pool.labels.get(L_TYPE, ""),
