@@ -221,7 +221,7 @@ _ROOT_LAZY = {
     "rightsize": Lazy(
         "gpuscale.scaling.rightsize_cmd:rightsize_command", "Recommend CPU/memory requests and GPU sizes from usage."
     ),
-    "scaler": Lazy("gpuscale.scaling.commands:scaler_group", "Replay metric histories through GPU workload scalers."),
+    "scaler": Lazy("gpuscale.scaling.commands:scaler_group", "Workload scalers offline: replay, budget arbitration."),
     "serve": Lazy(
         "gpuscale.gpr.cli:serve_command",
         "Serve the GPR REST API.",
