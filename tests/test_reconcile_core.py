@@ -12,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from builders import OD, SPOT, catalog, itype, node, pool
-from gpuscale.core.model import CapacityType, Node, OfferingKey
+from gpuscale.core.disruption import PodDisruptionBudget
+from gpuscale.core.labels import DO_NOT_DISRUPT_ANNOTATION
+from gpuscale.core.model import CapacityType, Node, OfferingKey, Pod
 from gpuscale.core.nodeclaim import (
     REQUEST_ID_LABEL,
     TRANSITIONS,
@@ -29,24 +31,31 @@ from gpuscale.core.reconcile import (
     ClearRetry,
     Cordon,
     Decisions,
+    DeleteNode,
     DrainStarted,
     DropReplacement,
     EventKind,
+    Evict,
+    EvictBlocked,
     FinishClaim,
     Fleet,
     LaunchRules,
     MarkUnavailable,
     Note,
     Outcome,
+    RemoveOrphan,
     RetryAt,
     Rules,
     SetClaim,
+    drain_step,
     expire_deadlines,
     judge_launch_error,
     on_provider_events,
+    orphan_step,
     progress_replacements,
     sync_claims,
 )
+from gpuscale.core.resources import Request
 from gpuscale.errors import (
     AuthenticationError,
     InsufficientCapacity,
@@ -456,3 +465,74 @@ def test_a_verdict_never_retries_in_the_past_and_never_both_fails_and_retries(
     assert len(retries) + len(failed) + len(burnt) == 1  # exactly one fate for the claim
     assert (v.outcome is Outcome.RETRY) == bool(retries)
     assert any(isinstance(a, Note) and a.kind in (EventKind.LAUNCH_FAILED, EventKind.LAUNCH_RETRY) for a in v.actions)
+
+
+# ------------------------------------------------------------------------------------------------ draining, orphans
+def _bound(name: str, node_name: str, *, web: bool = False, pinned: bool = False) -> Pod:
+    return Pod(
+        name,
+        request=Request(cpu_milli=1000, memory_mib=1024, gpus=0),
+        node_name=node_name,
+        phase="Running",
+        labels={"app": "web"} if web else {},
+        annotations={DO_NOT_DISRUPT_ANNOTATION: "true"} if pinned else {},
+    )
+
+
+def test_drain_step_table() -> None:
+    draining = claim("d", ClaimPhase.DRAINING, node_id="n1", name="node-1")
+    empty = claim("e", ClaimPhase.DRAINING, node_id="n2", name="node-2")
+    failed = claim("f", ClaimPhase.FAILED, node_id="n3", name="node-3")
+    nothing = claim("x", ClaimPhase.FAILED)
+    deleting = claim("g", ClaimPhase.DELETING, node_id="n4", name="node-4")
+    later = claim("h", ClaimPhase.DELETING, node_id="n5", name="node-5")
+    pods = [_bound("free", "node-1"), _bound("pinned", "node-1", pinned=True), _bound("web", "node-1", web=True)]
+    pods.append(replace(_bound("ds", "node-2"), is_daemonset=True))
+    by_node: dict[str, list[Pod]] = {}
+    for p in pods:
+        by_node.setdefault(str(p.node_name), []).append(p)
+    nodes = {f"node-{i}": k8s(f"node-{i}") for i in range(1, 6)}
+    pdb = PodDisruptionBudget("web", "default", {"app": "web"}, max_unavailable=0)
+    leaving = [(c.request_id, c) for c in (draining, empty, failed, nothing, deleting, later)]
+    d = drain_step(leaving, by_node, nodes, pods, [pdb], set(), {"h": 500.0}, 100.0)
+    table = apply({k: c for k, c in leaving}, d)
+    assert Evict("default/free", "d", "node-1", draining.reason) in d.actions
+    blocked = {a.pod: a.reason for a in d.actions if isinstance(a, EvictBlocked)}
+    assert blocked == {"default/pinned": "DoNotDisrupt", "default/web": "PodDisruptionBudget"}
+    assert table["e"].phase is ClaimPhase.DELETING  # only a DaemonSet pod left: drained
+    assert table["f"].phase is ClaimPhase.DELETING and "x" not in table
+    assert [a.key for a in d.actions if isinstance(a, DeleteNode)] == ["e", "f", "g"]  # h's recheck is not due
+    # an involuntary drain (spot reclaim) does not wait for do-not-disrupt
+    d = drain_step([("d", draining)], by_node, nodes, pods, [pdb], {"d"}, {}, 100.0)
+    assert {a.pod for a in d.actions if isinstance(a, Evict)} == {"default/free", "default/pinned"}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.booleans(), st.booleans()), max_size=12), st.integers(0, 3))
+def test_evictions_never_exceed_a_pdb_and_never_move_a_pinned_pod_voluntarily(
+    layout: list[tuple[int, bool, bool]], allowed: int
+) -> None:
+    pods = [_bound(f"p{i}", f"node-{n}", web=web, pinned=pin) for i, (n, web, pin) in enumerate(layout)]
+    by_node: dict[str, list[Pod]] = {}
+    for p in pods:
+        by_node.setdefault(str(p.node_name), []).append(p)
+    nodes = {f"node-{i}": k8s(f"node-{i}") for i in range(3)}
+    leaving = [(f"r{i}", claim(f"r{i}", ClaimPhase.DRAINING, node_id=f"n{i}", name=f"node-{i}")) for i in range(3)]
+    pdb = PodDisruptionBudget("web", "default", {"app": "web"}, max_unavailable=allowed)
+    d = drain_step(leaving, by_node, nodes, pods, [pdb], set(), {}, 0.0)
+    evicted = {a.pod for a in d.actions if isinstance(a, Evict)}
+    web = {p.key for p in pods if p.labels}
+    assert len(evicted & web) <= allowed
+    assert not evicted & {p.key for p in pods if p.annotations}
+    # every pod of a draining node is either evicted or held with a reason
+    held = {a.pod for a in d.actions if isinstance(a, EvictBlocked)}
+    assert evicted | held == {p.key for p in pods} and not evicted & held
+
+
+def test_orphan_step_waits_out_the_grace_period() -> None:
+    labelled = {"a": k8s("a", rid="gone"), "b": k8s("b", rid="r1"), "c": k8s("c", rid="listed")}
+    claims = {"r1": claim("r1", ClaimPhase.INITIALIZED, node_id="n1", name="b")}
+    first = orphan_step(labelled.values(), claims, lambda n: n == "b", {"listed"}, {}, 30.0, 100.0)
+    assert first.remove == [] and first.since == {"a": 100.0}
+    later = orphan_step(labelled.values(), claims, lambda n: n == "b", {"listed"}, first.since, 30.0, 130.0)
+    assert later.remove == [RemoveOrphan("a", "gone")] and later.since == {}

@@ -5,7 +5,6 @@ with retries at due times, and the removal of orphaned Node objects."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -14,12 +13,20 @@ from gpuscale.core.disruption import (
     ActionKind,
     DisruptionPlan,
     KeepReason,
-    do_not_disrupt,
-    pdb_allowances,
     plan_disruption,
 )
-from gpuscale.core.nodeclaim import REQUEST_ID_LABEL, ClaimEvent, ClaimPhase, transition
-from gpuscale.core.reconcile import EventKind, Outcome, find_node, retry_delay
+from gpuscale.core.nodeclaim import REQUEST_ID_LABEL, ClaimPhase
+from gpuscale.core.reconcile import (
+    DeleteNode,
+    EventKind,
+    Evict,
+    EvictBlocked,
+    Outcome,
+    drain_step,
+    find_node,
+    orphan_step,
+    retry_delay,
+)
 from gpuscale.errors import NotFound, ProviderError
 from gpuscale.providers.base import CloudNodeState
 
@@ -190,47 +197,23 @@ class ScaleDownSteps(ShellBase):
         )
 
     def _drain_and_delete(self, w: World, result: ReconcileResult) -> None:
+        """Carry out :func:`gpuscale.core.reconcile.drain_step` for the claims on their way out."""
+        leaving = self.claims.in_phases(LEAVING)
+        if not leaving:
+            return
         now = w.now
-        allow: dict[str, int] | None = None
-        for key, c in self.claims.in_phases(LEAVING):
-            if c.phase is ClaimPhase.DRAINING:
-                if allow is None:
-                    allow = pdb_allowances(w.pdbs, w.pods)
-                node = find_node(c, w.nodes)
-                left = [p for p in w.by_node().get(node.name, ()) if not p.is_daemonset] if node is not None else []
-                if not left:
-                    self.claims[key] = transition(c, ClaimEvent.DRAINED, now, reason="no pods left")
-                    self._delete(key, w, result)
-                    continue
-                voluntary = key not in self._involuntary
-                for p in left:
-                    if voluntary and do_not_disrupt(p):
-                        self._report(
-                            f"pod/{p.key}", "DoNotDisrupt", EventKind.EVICT_BLOCKED, now, "annotated do-not-disrupt"
-                        )
-                        continue
-                    pdbs = [b for b in w.pdbs if b.matches(p)]
-                    keys = [f"{b.namespace}/{b.name}" for b in pdbs]
-                    if any(allow.get(k, 0) < 1 for k in keys):
-                        self._report(
-                            f"pod/{p.key}", "PodDisruptionBudget", EventKind.EVICT_BLOCKED, now, "PDB allows none now"
-                        )
-                        continue
-                    if self.backend.evict(p.key):
-                        for k in keys:
-                            allow[k] -= 1
-                        result.evicted += 1
-                        self._record(
-                            now, EventKind.EVICT, f"pod/{p.key}", c.reason, f"evicted from {node and node.name}"
-                        )
-            elif c.phase is ClaimPhase.FAILED:
-                if c.node_id:
-                    self.claims[key] = transition(c, ClaimEvent.DELETE, now, reason=c.reason)
-                    self._delete(key, w, result)
-                else:
-                    self._finish(key, transition(c, ClaimEvent.LOST, now, reason="no node was created"))
-            elif c.phase is ClaimPhase.DELETING and self._delete_retry_at.get(key, -math.inf) <= now:
-                self._delete(key, w, result)
+        d = drain_step(leaving, w.by_node(), w.nodes, w.pods, w.pdbs, self._involuntary, self._delete_retry_at, now)
+        for a in d.actions:
+            if isinstance(a, Evict):
+                if self.backend.evict(a.pod):
+                    result.evicted += 1
+                    self._record(now, EventKind.EVICT, f"pod/{a.pod}", a.reason, f"evicted from {a.node}")
+            elif isinstance(a, EvictBlocked):
+                self._report(f"pod/{a.pod}", a.reason, EventKind.EVICT_BLOCKED, now, a.message)
+            elif isinstance(a, DeleteNode):
+                self._delete(a.key, w, result)
+            else:
+                self._apply_action(a, w)
 
     def _delete(self, key: str, w: World, result: ReconcileResult) -> None:
         """Delete the claim's node at the provider, then its Node object (both idempotent)."""
@@ -267,22 +250,24 @@ class ScaleDownSteps(ShellBase):
             del w.nodes[node.name]
 
     def _collect_orphans(self, w: World) -> None:
-        """Delete Node objects labelled with a request id the provider no longer lists (after a grace period)."""
-        now = w.now
-        rids: set[str] | None = None
-        current: set[str] = set()
-        for n in list(w.nodes.values()):
-            rid = n.labels.get(REQUEST_ID_LABEL)
-            if rid is None or rid in self.claims:
-                continue
-            if rids is None:
-                rids = {cn.request_id for cn in w.cloud}
-            if self.claims.names_node(n.name) or rid in rids:
-                continue
-            current.add(n.name)
-            first = self._orphan_since.setdefault(n.name, now)
-            if now - first >= self.config.orphan_grace_s:
-                self.backend.delete_node(n.name)
-                del w.nodes[n.name]
-                self._record(now, EventKind.ORPHAN, f"node/{n.name}", "Orphan", f"request {rid} has no cloud node")
-        self._orphan_since = {k: v for k, v in self._orphan_since.items() if k in current}
+        """Remove Node objects labelled with a request id the provider no longer lists (after a grace period)."""
+        claims = self.claims
+        if not any((rid := n.labels.get(REQUEST_ID_LABEL)) is not None and rid not in claims for n in w.nodes.values()):
+            self._orphan_since = {}
+            return
+        scan = orphan_step(
+            list(w.nodes.values()),
+            claims,
+            claims.names_node,
+            {cn.request_id for cn in w.cloud},
+            self._orphan_since,
+            self.config.orphan_grace_s,
+            w.now,
+        )
+        for r in scan.remove:
+            self.backend.delete_node(r.name)
+            del w.nodes[r.name]
+            self._record(
+                w.now, EventKind.ORPHAN, f"node/{r.name}", "Orphan", f"request {r.request_id} has no cloud node"
+            )
+        self._orphan_since = scan.since

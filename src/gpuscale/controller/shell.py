@@ -34,6 +34,7 @@ from gpuscale.core.model import (
 from gpuscale.core.nodeclaim import REQUEST_ID_LABEL, ClaimPhase, NodeClaim, new_claim
 from gpuscale.core.plan import BlockReason
 from gpuscale.core.reconcile import (
+    Action,
     ClearRetry,
     Cordon,
     Decisions,
@@ -150,31 +151,37 @@ class ShellBase:
 
     def _apply(self, d: Decisions, w: World) -> None:
         """Carry out a pure decision record, in order."""
-        now = w.now
         for a in d.actions:
-            if isinstance(a, SetClaim):
-                self.claims[a.key] = a.claim
-            elif isinstance(a, Note):
-                self._record(now, a.kind, a.object, a.reason, a.message, **a.data)
-            elif isinstance(a, FinishClaim):
-                self._finish(a.key, a.claim)
-            elif isinstance(a, MarkUnavailable):
-                apply_mark(self.availability, a, now, self._note)
-            elif isinstance(a, Cordon):
-                self.backend.cordon(a.node_name)
-                node = w.nodes.get(a.node_name)
-                if node is not None:
-                    w.nodes[a.node_name] = replace(node, unschedulable=True)
-            elif isinstance(a, DrainStarted):
-                if a.involuntary:
-                    self._involuntary.add(a.key)
-                self.gate.forget(a.node_name)
-            elif isinstance(a, ClearRetry):
-                self.launcher.listed(a.key)
-            elif isinstance(a, DropReplacement):
-                self._replacements.pop(a.old_node, None)
+            self._apply_action(a, w)
         if d.replan:
             self._force_plan = True
+
+    def _apply_action(self, a: Action, w: World) -> None:
+        """Carry out one action of a decision record."""
+        now = w.now
+        if isinstance(a, SetClaim):
+            self.claims[a.key] = a.claim
+        elif isinstance(a, Note):
+            self._record(now, a.kind, a.object, a.reason, a.message, **a.data)
+        elif isinstance(a, FinishClaim):
+            self._finish(a.key, a.claim)
+        elif isinstance(a, MarkUnavailable):
+            apply_mark(self.availability, a, now, self._note)
+        elif isinstance(a, Cordon):
+            self.backend.cordon(a.node_name)
+            node = w.nodes.get(a.node_name)
+            if node is not None:
+                w.nodes[a.node_name] = replace(node, unschedulable=True)
+        elif isinstance(a, DrainStarted):
+            if a.involuntary:
+                self._involuntary.add(a.key)
+            self.gate.forget(a.node_name)
+        elif isinstance(a, ClearRetry):
+            self.launcher.listed(a.key)
+        elif isinstance(a, DropReplacement):
+            self._replacements.pop(a.old_node, None)
+        else:  # the drain actions are carried out by the scale-down step
+            raise TypeError(f"not an action of this step: {a!r}")
 
     def _finish(self, key: str, claim: NodeClaim) -> None:
         """Drop a claim that reached Gone; its request id is never reused."""

@@ -198,7 +198,54 @@ class Note:
     data: Mapping[str, builtins.object] = field(default_factory=dict)
 
 
-Action = SetClaim | FinishClaim | MarkUnavailable | Cordon | DrainStarted | ClearRetry | DropReplacement | Note
+@dataclass(frozen=True, slots=True)
+class Evict:
+    """Evict ``pod`` from the node of the draining claim ``key`` (``reason``: why the node drains)."""
+
+    pod: str
+    key: str
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class EvictBlocked:
+    """``pod`` may not be evicted now (``reason`` ``DoNotDisrupt`` or ``PodDisruptionBudget``)."""
+
+    pod: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteNode:
+    """Delete the node of claim ``key`` at the provider, then its Node object (both idempotent)."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveOrphan:
+    """Remove the Node object ``name``, labelled with request ``request_id`` that has no cloud node."""
+
+    name: str
+    request_id: str
+
+
+Action = (
+    SetClaim
+    | FinishClaim
+    | MarkUnavailable
+    | Cordon
+    | DrainStarted
+    | ClearRetry
+    | DropReplacement
+    | Note
+    | Evict
+    | EvictBlocked
+    | DeleteNode
+    | RemoveOrphan
+)
 
 
 @dataclass(slots=True)
