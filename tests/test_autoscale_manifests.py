@@ -3,6 +3,7 @@ and fix, and the CRDs in deploy/crds agreeing with the parser's field tables."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ def test_example_scaler_reads() -> None:
     util, queue = s.spec.triggers
     assert util.metric.kind is MetricKind.POD_AVERAGE and util.metric.target == 70 and util.activation == 5
     assert queue.metric.kind is MetricKind.AVERAGE_VALUE and queue.metric.target == 8
-    assert s.queries["gpu-util"][1] == 'avg(DCGM_FI_DEV_GPU_UTIL{namespace="inference",pod=~"llama\\-70b-.*"})'
+    assert s.queries["gpu-util"][1] == 'avg(DCGM_FI_DEV_GPU_UTIL{namespace="inference",pod=~"llama-70b-.*"})'
     assert s.spec.behavior.scale_up.policies[0].type is PolicyType.PODS
     assert s.spec.behavior.scale_down.stabilization_window_s == 120
     assert s.spec.fallback is not None and s.spec.fallback.replicas == 4
@@ -107,6 +108,8 @@ def test_minimal_scaler_takes_the_defaults() -> None:
             "is set twice",
         ),
         ("kind: GPUWorkloadScaler", "kind: GPUWorkloadScalar", "did you mean GPUWorkloadScaler"),
+        ("metadata: {name: m}", "metadata: {name: m, namespace: 'a\"b'}", "metadata.namespace: must be a DNS label"),
+        ("scaleTargetRef: {name: m}", "scaleTargetRef: {name: 'x\"}'}", "scaleTargetRef.name: must be a DNS subdomain"),
         ("apiVersion: gpuscale.io/v1alpha1", "apiVersion: keda.sh/v1alpha1", "has apiVersion gpuscale.io/v1alpha1"),
     ],
 )
@@ -223,3 +226,24 @@ def test_examples_validate_against_the_crds(example: str, crd_file: str) -> None
     jsonschema = pytest.importorskip("jsonschema")
     doc = yaml.safe_load((EXAMPLES / example).read_text())
     jsonschema.validate(doc, schema(crd_file))
+
+
+def test_dcgm_shortcut_queries_parse_on_prometheus(tmp_path: Path) -> None:
+    """Every shortcut's query, for a target whose name holds a '.', is valid PromQL (promtool check rules)."""
+    from prom_harness import tool
+
+    promtool = tool("promtool")
+    triggers = "\n".join(
+        f"    - {{type: dcgm, name: t{i}, metadata: {{metric: {m}, threshold: '50'}}}}"
+        for i, m in enumerate(sc.DCGM_SHORTCUTS)
+    )
+    text = GOOD.replace("scaleTargetRef: {name: m}", "scaleTargetRef: {name: llm.v2}").split("  triggers:")[0]
+    (s,) = parse_scalers(text + "  triggers:\n" + triggers + "\n", source="s.yaml").scalers
+    assert 'pod=~"llm\\\\.v2-.*"' in s.queries["t0"][1]
+    rules = {"groups": [{"name": "q", "rules": [{"record": f"q:{n.replace('-', '_')}", "expr": q}
+                                                for n, (_, q) in s.queries.items()]}]}  # fmt: skip
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump(rules))
+    done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(sc.DCGM_SHORTCUTS)} rules found" in done.stdout

@@ -101,6 +101,7 @@ DCGM_SHORTCUTS: dict[str, tuple[str, str]] = {
 shortcut reads as a per-pod average in percent, so its ``threshold`` is a percentage."""
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _NUMBER = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?$")
 
 
@@ -252,6 +253,9 @@ def read_scaler(doc: Doc, obj: dict[str, Any]) -> ScalerManifest | None:
                              fix="use lower-case letters, digits, '-' and '.'")  # fmt: skip
     with doc.field():
         namespace = as_str(meta.get("namespace"), "metadata.namespace") or "default"
+        if len(namespace) > 63 or not _LABEL.match(namespace):
+            raise FieldError("metadata.namespace", "must be a DNS label (a namespace name)", namespace,
+                             fix="use at most 63 lower-case letters, digits and '-'")  # fmt: skip
     check_fields(doc, spec, "spec", KEDA_SPEC_FIELDS if kind == KEDA_KIND else SPEC_FIELDS)
     target_kind, target_name = _target(doc, spec.get("scaleTargetRef"))
 
@@ -319,6 +323,9 @@ def _target(doc: Doc, raw: object) -> tuple[str, str]:
         as_str(m.get("envSourceContainerName"), f"{path}.envSourceContainerName")
     with doc.field():
         name = as_str(m.get("name"), f"{path}.name", required=True)
+        if len(name) > 253 or not _NAME.match(name):
+            raise FieldError(f"{path}.name", "must be a DNS subdomain name (a workload name)", name,
+                             fix="use lower-case letters, digits, '-' and '.'")  # fmt: skip
     return kind, name
 
 
@@ -522,7 +529,9 @@ def _trigger(doc: Doc, raw: object, path: str, index: int, namespace: str,
     else:
         with doc.field():
             shortcut = choice(meta.get("metric"), f"{mpath}.metric", DCGM_SHORTCUTS)
-            selector = f'namespace="{namespace}",pod=~"{re.escape(target)}-.*"'
+            # names are validated ([a-z0-9.-]): only '.' is special in the regex, escaped inside a PromQL string
+            pods = target.replace(".", "\\\\.")
+            selector = f'namespace="{namespace}",pod=~"{pods}-.*"'
             query = DCGM_SHORTCUTS[shortcut][0].format(sel=selector)
         if metric_type != "AverageValue":
             doc.error(f"{path}.metricType", "a dcgm trigger is a per-pod average (AverageValue)", metric_type,
