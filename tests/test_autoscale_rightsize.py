@@ -194,6 +194,9 @@ def test_prometheus_usage_groups_pods_into_workloads() -> None:
     assert (g.workload, g.total_mib, g.gpus_per_pod, [v for _, v in g.used_mib]) == ("inf/m", 24576.0, 1, [4000, 5000])
     assert all(q[1:] == (3600.0, 7200.0, 60.0) for q in fake.queries)
     assert all('namespace="inf"' in q[0] for q in fake.queries)
+    quoted = FakeMetrics({})
+    PrometheusUsage(quoted, namespace='x"} or vector(1) #', end=1.0, window_s=1.0).usage()
+    assert all('namespace="x\\"} or vector(1) #"' in q[0] for q in quoted.queries)  # one string literal
 
 
 def test_rightsize_command(tmp_path: Path) -> None:

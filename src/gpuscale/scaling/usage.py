@@ -227,7 +227,7 @@ class PrometheusUsage:
     def __init__(self, source: MetricSource, *, namespace: str | None, end: float, window_s: float,
                  step_s: float = 60.0) -> None:  # fmt: skip
         self.source = source
-        self.selector = f'namespace="{namespace}"' if namespace else 'namespace!=""'
+        self.selector = f"namespace={_quote(namespace)}" if namespace else 'namespace!=""'
         self.start, self.end, self.step = end - window_s, end, step_s
 
     def _range(self, template: str) -> list[Series]:
@@ -265,6 +265,11 @@ class PrometheusUsage:
             GpuUsage(k, sorted(used[k]), total[k], count.get(k, 1)) for k in sorted(used) if total.get(k, 0) > 0
         )
         return Usage(containers, gpus)
+
+
+def _quote(value: str) -> str:
+    """A PromQL string literal."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
 def _key(labels: Mapping[str, Any]) -> str:
