@@ -25,7 +25,6 @@ from gpuscale.errors import (
 )
 from gpuscale.metrics import names
 from gpuscale.metrics.prometheus import PrometheusClient
-from gpuscale.metrics.usage import Workload, cpu_cores, gpu_memory, memory_mib
 from prom_harness import ROOT, agent, free_port, prometheus, tool, wait_for
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "gpuscale-dashboard.json"
@@ -365,23 +364,28 @@ def test_dashboard_panels_show_the_scraped_controller_and_agent(
 def test_right_sizing_usage_reads_back_from_the_backfilled_history(
     prom: tuple[PrometheusClient, str], history_start: float
 ) -> None:
+    """The right-sizer's Prometheus source (``gpuscale.scaling.usage.PrometheusUsage``) reads the backfilled
+    cAdvisor and DCGM history back through range queries, pooled per workload."""
+    from gpuscale.core.autoscale import rightsize
+    from gpuscale.scaling.usage import PrometheusUsage
+
     client, _ = prom
-    trainers = Workload("ml", "train-.*", "trainer")
-    start, end = history_start + 600, history_start + 60 * (HISTORY_STEPS - 1)
+    end = history_start + 60 * (HISTORY_STEPS - 1)
+    usage = PrometheusUsage(client, namespace="ml", end=end, window_s=end - history_start - 600, step_s=60).usage()
     n = (HISTORY_STEPS - 1) - 10 + 1
-    cpu = cpu_cores(client, trainers, start, end, 60)
-    assert len(cpu) == 2 * n and [t for t, _ in cpu[::2]] == [start + 60 * k for k in range(n)]
-    assert sorted(v for _, v in cpu) == pytest.approx([0.5] * n + [1.5] * n)
-    memory = memory_mib(client, trainers, start, end, 60)
+    (trainer,) = usage.containers
+    assert (trainer.workload, trainer.container, trainer.containers_in_pod) == ("ml/train", "trainer", 1)
+    assert len(trainer.cpu_cores) == 2 * n
+    assert sorted(v for _, v in trainer.cpu_cores) == pytest.approx([0.5] * n + [1.5] * n)
     want = sorted((history_start + 60 * i, _memory_mib(p, i)) for p in CPU_CORES for i in range(10, HISTORY_STEPS))
-    assert memory == want
-    used, total = gpu_memory(client, Workload("ml", "train-0"), history_start, end, 60)
-    assert total == 40960 and [v for _, v in used] == [_history_value(i) for i in range(HISTORY_STEPS)]
-    assert gpu_memory(client, Workload("ml", "nobody"), history_start, end, 60) == ([], None)
-    assert cpu_cores(client, Workload("ml", 'x"y'), start, end, 60) == []  # quoted, not a syntax error
-    try:
-        from gpuscale.core.autoscale import rightsize
-    except ImportError:  # part A's right-sizer not present
-        return
-    advice = rightsize.gpu_advice(rightsize.GpuUsage("ml/train", used, total))
+    assert list(trainer.memory_mib) == want
+    (gpu,) = usage.gpus
+    assert (gpu.workload, gpu.total_mib, gpu.gpus_per_pod) == ("ml/train", 40960, 1)
+    assert [v for _, v in gpu.used_mib] == [_history_value(i) for i in range(10, HISTORY_STEPS)]
+    advice = rightsize.gpu_advice(gpu)
     assert advice.peak_mib == _history_value(45) and advice.total_mib == 40960
+    rec = rightsize.recommend(trainer)
+    assert rec.cpu_milli.lower <= rec.cpu_milli.target <= rec.cpu_milli.upper
+    assert rec.cpu_milli.target >= 1500  # the 90th percentile of the pooled samples is the busier pod's 1.5 cores
+    empty = PrometheusUsage(client, namespace="nobody", end=end, window_s=3000, step_s=60).usage()
+    assert empty.containers == () and empty.gpus == ()
