@@ -83,6 +83,14 @@ def test_fallback_after_more_than_failure_threshold_failures() -> None:
     assert got == [1, 3, 3, 3, 7, 3]
 
 
+def test_fallback_does_not_activate_from_zero_nor_allow_going_to_zero() -> None:
+    s = spec(fallback=Fallback(failure_threshold=0, replicas=5))
+    assert desired(s, [(0, {}), (30, {}), (400, {})]) == [0, 0, 0]  # KEDA: the HPA is off at 0, no activation
+    rows = replay(s, [HistoryStep(0, {"q": 30}), HistoryStep(30, {}), HistoryStep(400, {}), HistoryStep(800, {})])
+    assert [r.desired for r in rows] == [1, 5, 5, 5]  # running: fallback 5; inactive but erroring: never zero
+    assert not rows[-1].active
+
+
 def test_failures_without_fallback_never_scale_to_zero() -> None:
     got = desired(spec(), [(0, {"q": 30}), (30, {}), (400, {}), (800, {})])
     assert got == [1, 1, 1, 1]

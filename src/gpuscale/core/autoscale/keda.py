@@ -8,7 +8,8 @@
 * ``cooldownPeriod`` applies only to going to zero (or to ``idleReplicaCount``): the scaler must have been inactive
   for longer than it.
 * After more than ``fallback.failureThreshold`` consecutive failures of a trigger, that trigger proposes
-  ``fallback.replicas`` (and counts as active); a failure without fallback never scales to zero.
+  ``fallback.replicas`` to the HPA; a failing trigger (in fallback or not) is not active, but blocks going to
+  zero; a target at zero stays there (the HPA is off at zero, so a fallback applies only to a running target).
 * ``schedules`` (gpuscale's own) raise the minimum to a schedule's replicas while its cron window is open.
 """
 
@@ -168,7 +169,7 @@ def step(
     failures = {t.name: 0 if values[t.name] is not None else state.failures.get(t.name, 0) + 1 for t in spec.triggers}
     fb = spec.fallback
     in_fallback = [n for n, f in failures.items() if fb is not None and f > fb.failure_threshold]
-    failing = [n for n, f in failures.items() if f > 0 and n not in in_fallback]
+    failing = [n for n, f in failures.items() if f > 0]  # in fallback or not: never scale to zero on an error
     floor, sched = schedule_floor(spec, now)
     minimum = max(spec.min_replicas, floor)
 
@@ -179,8 +180,6 @@ def step(
         if hits:
             t = hits[0]
             active, why = True, f"{t.name} {values[t.name]:g} > activation {t.activation:g}"
-        elif in_fallback:
-            active, why = True, f"{in_fallback[0]} in fallback"
         elif floor:
             active, why = True, f"schedule {sched} open"
         else:
@@ -204,7 +203,9 @@ def step(
             elif current < minimum and idle is None:
                 return out(minimum, f"below minReplicaCount {minimum}: {current} -> {minimum}")
     if current == 0:
-        reason = f"idle at 0 ({why})" if not failing else f"idle at 0; {', '.join(failing)} failing"
+        reason = f"idle at 0 ({why})"
+        if failing:  # KEDA does not activate on an error, fallback or not: the HPA is off at 0
+            reason = f"idle at 0; {', '.join(failing)} failing (a fallback applies only to a running target)"
         return out(0, reason)
 
     samples: dict[str, Sample] = {}
