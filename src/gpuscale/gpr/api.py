@@ -33,18 +33,11 @@ from pydantic import BaseModel
 
 from gpuscale.core.gpr import (
     CLUSTER_NAME_MAX,
-    DEFAULT_PRIORITY,
     IGNORED_EGS_FIELDS,
-    MAX_GPUS_PER_NODE,
-    MAX_MEMORY_PER_GPU_GB,
-    MAX_NODES_PER_GPR,
-    MAX_SELECTOR_LABELS,
     PRIORITY_MAX,
     PRIORITY_MIN,
-    REQUEST_NAME_MAX,
     SPEC_ALIASES,
     SPEC_FIELDS,
-    TEXT_MAX,
     FieldError,
     GprState,
     GprValidationError,
@@ -53,10 +46,12 @@ from gpuscale.core.gpr import (
     format_duration,
     gpr_to_dict,
     parse_gpr_spec,
+    spec_json_schema,
     unknown_field_errors,
 )
 from gpuscale.errors import InputError, short_repr
 from gpuscale.gpr.manager import GprManager
+from gpuscale.gpr.spec_model import GprSpecIn as GprSpecIn
 from gpuscale.gpr.store import CorruptGpr, GprNotFound
 
 API_PREFIX = "/api/v1"
@@ -74,53 +69,10 @@ Receive = Callable[[], Awaitable[AsgiMessage]]
 Send = Callable[[AsgiMessage], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-_DURATION_PATTERN = r"^\s*([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?\s*$"
-_NAME_PATTERN = r"^[^\u0000-\u001f\u007f-\u009f]*$"
-_SPEC_PROPERTIES: dict[str, Any] = {
-    "requestName": {"type": "string", "minLength": 1, "maxLength": REQUEST_NAME_MAX, "pattern": _NAME_PATTERN},
-    "clusterName": {
-        "type": "string",
-        "maxLength": CLUSTER_NAME_MAX,
-        "pattern": r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$",
-    },
-    "instanceType": {"type": "string", "maxLength": TEXT_MAX, "description": "A catalog instance type"},
-    "gpuShape": {"type": "string", "maxLength": TEXT_MAX, "description": "GPU model, e.g. RTX4000-Ada"},
-    "enableAutoGpuSelection": {"type": "boolean"},
-    "numberOfGPUs": {"type": "integer", "minimum": 1, "maximum": MAX_GPUS_PER_NODE, "default": 1},
-    "numberOfGPUNodes": {"type": "integer", "minimum": 1, "maximum": MAX_NODES_PER_GPR, "default": 1},
-    "memoryPerGpu": {"type": "integer", "minimum": 0, "maximum": MAX_MEMORY_PER_GPU_GB, "description": "GB"},
-    "priority": {"type": "integer", "minimum": PRIORITY_MIN, "maximum": PRIORITY_MAX, "default": DEFAULT_PRIORITY},
-    "exitDuration": {"type": "string", "maxLength": 32, "pattern": _DURATION_PATTERN, "description": "e.g. 0d8h0m"},
-    "idleTimeOutDuration": {"type": "string", "maxLength": 32, "pattern": _DURATION_PATTERN},
-    "enforceIdleTimeOut": {"type": "boolean"},
-    "earlyRelease": {"type": "boolean"},
-    "enableEviction": {"type": "boolean"},
-    "requeueOnFailure": {"type": "boolean"},
-    "enableDynamicNodePool": {"type": "boolean"},
-    "workloadSelector": {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            "matchLabels": {
-                "type": "object",
-                "maxProperties": MAX_SELECTOR_LABELS,
-                "additionalProperties": {"type": "string", "maxLength": 63},
-            }
-        },
-    },
-    "gprName": {"type": "string", "maxLength": REQUEST_NAME_MAX, "description": "EGS alias of requestName"},
-    "memoryPerGPU": {"type": "integer", "minimum": 0, "maximum": MAX_MEMORY_PER_GPU_GB, "description": "alias"},
-    "sliceName": {"type": "string", "maxLength": CLUSTER_NAME_MAX, "description": "EGS workspace; ignored"},
-    "preferredClusters": {"type": "array", "maxItems": MAX_SELECTOR_LABELS, "items": {"type": "string"}},
-    "enableAutoClusterSelection": {"type": "boolean", "description": "EGS; ignored"},
-}
-SPEC_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["requestName", "exitDuration"],
-    "additionalProperties": False,
-    "properties": _SPEC_PROPERTIES,
-}
-"""OpenAPI schema of a create body (what the parser enforces; catalog checks come on top)."""
+SPEC_SCHEMA: dict[str, Any] = spec_json_schema("openapi31", rest=True)
+"""OpenAPI schema of a create body, from the one GPR spec schema (what the parser enforces; catalog checks come on
+top). :data:`GprSpecIn` is the same schema as a pydantic model."""
+_SPEC_PROPERTIES: dict[str, Any] = SPEC_SCHEMA["properties"]
 UPDATE_FIELDS = ("gprId", "priority", "earlyRelease")
 _GPR_ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": GPR_ID_MAX}
 UPDATE_SCHEMA: dict[str, Any] = {
@@ -129,7 +81,7 @@ UPDATE_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "properties": {
         "gprId": _GPR_ID_SCHEMA,
-        "priority": _SPEC_PROPERTIES["priority"],
+        "priority": {"type": "integer", "minimum": PRIORITY_MIN, "maximum": PRIORITY_MAX},
         "earlyRelease": {"type": "boolean"},
     },
 }

@@ -8,11 +8,10 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from gpuscale.core.gpr.schema import PRIORITY_MAX, PRIORITY_MIN
 from gpuscale.core.gpr.spec import (
     GPR_LABEL,
     GPR_TAINT,
-    PRIORITY_MAX,
-    PRIORITY_MIN,
     REQUEST_ID_PREFIX,
     FieldError,
     GprSpec,

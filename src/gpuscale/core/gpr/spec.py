@@ -1,5 +1,5 @@
-"""GPR spec: the EGS field names, limits, durations and the dict reader that turns a request into a
-:class:`GprSpec` (every field-level problem reported at once as :class:`GprValidationError`)."""
+"""GPR spec: the dict reader that turns a request into a :class:`GprSpec` (every field-level problem reported at
+once as :class:`GprValidationError`), with field names, bounds and patterns from :mod:`gpuscale.core.gpr.schema`."""
 
 from __future__ import annotations
 
@@ -11,16 +11,25 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuscale.core.durations import format_egs_duration, parse_egs_duration
+from gpuscale.core.gpr.schema import (
+    CLUSTER_NAME_MAX,
+    DEFAULT_PRIORITY,
+    DNS1123_SUBDOMAIN,
+    FIELDS_BY_NAME,
+    IGNORED_EGS_FIELDS,
+    LABEL_KEY_PATTERN,
+    LABEL_VALUE_PATTERN,
+    MAX_SELECTOR_LABELS,
+    SPEC_ALIASES,
+    SPEC_FIELDS,
+    TEXT_MAX,
+)
 from gpuscale.errors import InputError, short_repr
 
 API_VERSION = "gpuscale.io/v1alpha1"
 KIND = "GPUProvisioningRequest"
 SHORT_NAME = "gpr"
 
-PRIORITY_MIN = 1
-PRIORITY_MAX = 300
-DEFAULT_PRIORITY = 101
-MAX_NODES_PER_GPR = 100
 
 GPR_LABEL = "gpuscale.io/gpr"
 """Label (value: the gprId) on every node serving a GPR; pods select it with a node selector."""
@@ -85,53 +94,18 @@ class GprSpec:
         return self.number_of_gpus * self.number_of_gpu_nodes
 
 
-SPEC_FIELDS: tuple[str, ...] = (
-    "requestName",
-    "clusterName",
-    "instanceType",
-    "gpuShape",
-    "enableAutoGpuSelection",
-    "numberOfGPUs",
-    "numberOfGPUNodes",
-    "memoryPerGpu",
-    "priority",
-    "exitDuration",
-    "idleTimeOutDuration",
-    "enforceIdleTimeOut",
-    "earlyRelease",
-    "enableEviction",
-    "requeueOnFailure",
-    "enableDynamicNodePool",
-    "workloadSelector",
-)
-"""EGS spec field names, in documentation order."""
-
-_LABEL_VALUE_RE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
-_LABEL_KEY_RE = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
-_DNS1123_SUBDOMAIN_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_VALUE_RE = re.compile(LABEL_VALUE_PATTERN)
+_LABEL_KEY_RE = re.compile(LABEL_KEY_PATTERN)
+_DNS1123_SUBDOMAIN_RE = re.compile(DNS1123_SUBDOMAIN)
 _BAD_CHARS_RE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
 """C0/C1 controls, bidi marks/overrides/isolates, BOM and lone UTF-16 surrogates: refused in every string."""
 
-REQUEST_NAME_MAX = 40
-"""EGS limit on ``requestName``."""
-CLUSTER_NAME_MAX = 253
-"""DNS-1123 subdomain limit on ``clusterName``."""
-TEXT_MAX = 128
-"""Limit on every other free string (``instanceType``, ``gpuShape``, ``sliceName``)."""
-MAX_GPUS_PER_NODE = 64
-MAX_MEMORY_PER_GPU_GB = 4096
-MAX_SELECTOR_LABELS = 32
 MAX_REPORTED = 10
 """Unknown fields reported one by one; the rest are counted."""
 DEFAULT_MAX_EXIT_S = 365 * 86400
 """Default upper bound on ``exitDuration`` (the server's ``GPUSCALE_MAX_EXIT_DURATION`` changes it)."""
 MAX_EXIT_CEILING_S = 100 * 365 * 86400
 """Hard ceiling on any duration, whatever the configured maximum (keeps times finite and JSON-safe)."""
-
-SPEC_ALIASES: Mapping[str, str] = {"gprName": "requestName", "memoryPerGPU": "memoryPerGpu"}
-"""EGS REST body keys accepted for our fields."""
-IGNORED_EGS_FIELDS: tuple[str, ...] = ("sliceName", "preferredClusters", "enableAutoClusterSelection")
-"""EGS REST body keys accepted, type-checked and ignored (gpuscale has no workspaces or cluster selection)."""
 
 
 def clean_text(value: str) -> str | None:
@@ -196,6 +170,18 @@ class _Reader:
             return None
         return v
 
+    def text(self, name: str) -> str | None:
+        """A text field with the required flag and length limit of its :data:`SPEC_SCHEMA` row."""
+        f = FIELDS_BY_NAME[name]
+        return self.string(name, required=f.required, max_len=f.max_length or TEXT_MAX)
+
+    def count(self, name: str) -> int | None:
+        """An integer field with the default and bounds of its :data:`SPEC_SCHEMA` row."""
+        f = FIELDS_BY_NAME[name]
+        assert f.minimum is not None and f.maximum is not None
+        default = f.default if isinstance(f.default, int) and not isinstance(f.default, bool) else None
+        return self.integer(name, default, f.minimum, f.maximum)
+
     def integer(self, name: str, default: int | None, low: int, high: int) -> int | None:
         v = self.data.get(name)
         if v is None:
@@ -257,8 +243,8 @@ def spec_from_dict(data: Mapping[str, Any], *, max_exit_s: int = MAX_EXIT_CEILIN
     r = _Reader(merged)
     r.errors.extend(errors)
     _ignored_egs_fields(r)
-    name = r.string("requestName", required=True, max_len=REQUEST_NAME_MAX)
-    cluster = r.string("clusterName", max_len=CLUSTER_NAME_MAX)
+    name = r.text("requestName")
+    cluster = r.text("clusterName")
     if cluster and not _DNS1123_SUBDOMAIN_RE.fullmatch(cluster):
         r.err("clusterName", "must be a DNS-1123 subdomain (lower-case letters, digits, '-' and '.')")
     exit_s = r.duration("exitDuration", required=True, max_s=min(max_exit_s, MAX_EXIT_CEILING_S))
@@ -267,18 +253,18 @@ def spec_from_dict(data: Mapping[str, Any], *, max_exit_s: int = MAX_EXIT_CEILIN
     idle_s = r.duration("idleTimeOutDuration", max_s=MAX_EXIT_CEILING_S)
     if idle_s == 0:
         idle_s = None
-    gpus = r.integer("numberOfGPUs", 1, 1, MAX_GPUS_PER_NODE)
-    nodes = r.integer("numberOfGPUNodes", 1, 1, MAX_NODES_PER_GPR)
-    mem = r.integer("memoryPerGpu", None, 0, MAX_MEMORY_PER_GPU_GB)
-    prio = r.integer("priority", DEFAULT_PRIORITY, PRIORITY_MIN, PRIORITY_MAX)
+    gpus = r.count("numberOfGPUs")
+    nodes = r.count("numberOfGPUNodes")
+    mem = r.count("memoryPerGpu")
+    prio = r.count("priority")
     enforce = r.boolean("enforceIdleTimeOut", None)
     selector = _workload_selector(r)
     spec = GprSpec(
         request_name=name or "",
         exit_duration_s=exit_s or 0,
         cluster_name=cluster or "",
-        instance_type=r.string("instanceType"),
-        gpu_shape=r.string("gpuShape"),
+        instance_type=r.text("instanceType"),
+        gpu_shape=r.text("gpuShape"),
         enable_auto_gpu_selection=bool(r.boolean("enableAutoGpuSelection", False)),
         number_of_gpus=gpus or 1,
         number_of_gpu_nodes=nodes or 1,
