@@ -70,6 +70,13 @@ def test_cooldown_applies_only_to_going_to_zero() -> None:
     assert "cooldown" in rows[-2].reason and "cooldownPeriod 300s" in rows[-1].reason
 
 
+def test_initial_cooldown_before_any_activity() -> None:
+    steps = [(0, {"q": 0}), (30, {"q": 0}), (60, {"q": 0})]
+    assert desired(spec(), steps, initial=3) == [0, 0, 0]  # never active: zero at once
+    # held off zero for 45 s after the first sync, the HPA meanwhile takes it to its minimum of 1
+    assert desired(spec(initial_cooldown_s=45), steps, initial=3) == [1, 1, 0]
+
+
 def test_never_scales_to_zero_with_min_replica_count() -> None:
     got = desired(spec(min_replicas=2), [(0, {"q": 0}), (400, {"q": 0}), (800, {"q": 0})], initial=2)
     assert got == [2, 2, 2]

@@ -297,7 +297,8 @@ def read_scaler(doc: Doc, obj: dict[str, Any]) -> ScalerManifest | None:
         return None
     core = ScalerSpec(
         triggers=tuple(triggers), min_replicas=lo, max_replicas=hi, idle_replicas=idle,
-        polling_interval_s=counts["pollingInterval"], cooldown_s=counts["cooldownPeriod"], fallback=fallback,
+        polling_interval_s=counts["pollingInterval"], cooldown_s=counts["cooldownPeriod"],
+        initial_cooldown_s=counts["initialCooldownPeriod"], fallback=fallback,
         behavior=behavior, schedules=tuple(schedules),
     )  # fmt: skip
     return ScalerManifest(name, namespace, kind, target_kind, target_name, core, queries, priority, budget)

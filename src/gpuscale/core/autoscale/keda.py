@@ -70,6 +70,8 @@ class ScalerSpec:
     idle_replicas: int | None = None
     polling_interval_s: float = DEFAULT_POLLING_INTERVAL_S
     cooldown_s: float = DEFAULT_COOLDOWN_S
+    initial_cooldown_s: float = 0.0
+    """Before any activity, going to zero waits this long after the scaler's first sync (KEDA: after creation)."""
     fallback: Fallback | None = None
     behavior: Behavior = field(default_factory=Behavior)
     schedules: tuple[Schedule, ...] = ()
@@ -93,6 +95,7 @@ class ScalerState:
     last_poll: float | None = None
     active: bool = False
     active_reason: str = ""
+    created: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +188,10 @@ def step(
         else:
             active, why = False, "no trigger above its activation threshold"
     last_active = now if active else state.last_active
-    new_state = ScalerState(state.hpa, failures, last_active, now if polled else state.last_poll, active, why)
+    created = now if state.created is None else state.created
+    new_state = ScalerState(
+        state.hpa, failures, last_active, now if polled else state.last_poll, active, why, created
+    )  # fmt: skip
 
     def out(desired: int, reason: str, hpa: HpaDecision | None = None, st: ScalerState = new_state) -> ScalerDecision:
         return ScalerDecision(current, desired, reason, active, hpa, st)
@@ -198,7 +204,9 @@ def step(
         if not active and not failing:
             if (idle is not None and current > idle) or (current > 0 and minimum == 0):
                 to = idle if idle is not None else 0
-                if state.last_active is None or state.last_active + spec.cooldown_s < now:
+                if (state.last_active is None and created + spec.initial_cooldown_s <= now) or (
+                    state.last_active is not None and state.last_active + spec.cooldown_s < now
+                ):
                     return out(to, f"inactive ({why}) past cooldownPeriod {spec.cooldown_s:g}s: {current} -> {to}")
             elif current < minimum and idle is None:
                 return out(minimum, f"below minReplicaCount {minimum}: {current} -> {minimum}")
@@ -219,7 +227,7 @@ def step(
         else:
             samples[t.name] = Sample(v)
     d = decide(spec.hpa(minimum), current, samples, pods, state.hpa, now)
-    final = ScalerState(d.state, failures, last_active, new_state.last_poll, active, why)
+    final = ScalerState(d.state, failures, last_active, new_state.last_poll, active, why, created)
     reason = d.reason
     if not active and current > 0 and minimum == 0 and state.last_active is not None:
         reason += f"; scale to zero after cooldown at t={state.last_active + spec.cooldown_s:g}"
