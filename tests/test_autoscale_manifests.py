@@ -220,6 +220,23 @@ def test_crd_identity_status_and_printer_columns(name: str, kind: str, short: st
         assert node["type"] == {"date": "string"}.get(col["type"], col["type"]), col
 
 
+def _untyped(node: dict[str, Any], path: str = "") -> list[str]:
+    """Schema nodes without a type (a structural schema has one everywhere, unless it preserves unknown fields)."""
+    bad = [] if "type" in node or node.get("x-kubernetes-preserve-unknown-fields") else [path or "<root>"]
+    for name, sub in node.get("properties", {}).items():
+        bad += _untyped(sub, f"{path}.{name}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            bad += _untyped(node[key], f"{path}[{key}]")
+    return bad
+
+
+@pytest.mark.parametrize("name", ["gpuworkloadscaler.yaml", "gpubudget.yaml"])
+def test_crds_are_structural_and_installed_by_the_kustomization(name: str) -> None:
+    assert _untyped(schema(name)) == []
+    assert name in yaml.safe_load((CRDS / "kustomization.yaml").read_text())["resources"]
+
+
 @pytest.mark.parametrize(("example", "crd_file"), [("scaler.yaml", "gpuworkloadscaler.yaml"),
                                                     ("gpubudget.yaml", "gpubudget.yaml")])  # fmt: skip
 def test_examples_validate_against_the_crds(example: str, crd_file: str) -> None:
