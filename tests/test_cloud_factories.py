@@ -74,3 +74,26 @@ def test_alibaba_missing_keys_and_bad_vswitches() -> None:
     with pytest.raises(InputError, match="ACK_VSWITCHES"):
         alibaba_provider(Settings({**ACK_ENV, "ACK_VSWITCHES": "us-east-1a"}, ManualClock(0.0), cat))
     assert parse_vswitches(" a=v1 ; b=v2,v3 ;") == {"a": ("v1",), "b": ("v2", "v3")}
+
+
+def test_serve_builds_a_gcp_or_alibaba_manager_on_the_clusters_catalog(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from gpuscale.cli import main
+    from gpuscale.gpr.server import build_manager
+
+    creds = tmp_path / "adc.json"
+    creds.write_text(
+        json.dumps({"type": "authorized_user", "client_id": "id", "client_secret": "s", "refresh_token": "r"})
+    )
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(creds))
+    gke = build_manager(
+        tmp_path / "g.db", provider="gcp", catalog="gcp", env={**GKE_ENV, "GKE_LOCATION": "europe-west4-b"}
+    )
+    assert gke.config.cluster == "gpu-c" and gke.catalog.name == "gcp:europe-west4"
+    ack = build_manager(tmp_path / "a.db", provider="alibaba", catalog="alibaba", env=ACK_ENV)
+    assert ack.config.cluster == "c-1" and ack.catalog.name == "alibaba:us-east-1"
+    res = CliRunner().invoke(main, ["serve", "--help"])
+    assert res.exit_code == 0 and "gcp" in res.output and "alibaba" in res.output

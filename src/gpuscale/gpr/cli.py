@@ -278,7 +278,9 @@ def wait_time_cmd(url: str, gpr_id: str | None, **kw: Any) -> None:
 @click.option("--db", required=True, type=click.Path(dir_okay=False), help="SQLite database file for GPRs.")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
-@click.option("--provider", type=click.Choice(["sim", "linode", "aws"]), default="sim", show_default=True)
+@click.option(
+    "--provider", type=click.Choice(["sim", "linode", "aws", "gcp", "alibaba"]), default="sim", show_default=True
+)
 @click.option("--catalog", default="linode", show_default=True, help="Catalog for validation, cost and launches.")
 @click.option("--interval", default=5.0, show_default=True, type=click.FloatRange(min=0.1), help="Reconcile period.")
 @click.option(

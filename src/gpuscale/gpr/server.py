@@ -99,8 +99,13 @@ def build_manager(
     region = (env.get("LINODE_REGION") or None) if provider == "linode" else None
     if provider == "aws" and ":" not in catalog:
         region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None
+    if provider == "gcp" and ":" not in catalog and env.get("GKE_LOCATION"):
+        region = "-".join(env["GKE_LOCATION"].split("-")[:2])  # us-central1-a -> us-central1
+    if provider == "alibaba" and ":" not in catalog:
+        region = env.get("ACK_REGION") or None
     cat = load_catalog(catalog, region=region)
-    cluster = env.get("GPUSCALE_AWS_CLUSTER", "") if provider == "aws" else env.get("LINODE_CLUSTER_ID", "")
+    cluster_env = {"aws": "GPUSCALE_AWS_CLUSTER", "gcp": "GKE_CLUSTER", "alibaba": "ACK_CLUSTER_ID"}
+    cluster = env.get(cluster_env.get(provider, "LINODE_CLUSTER_ID"), "")
     config = config_from_env(env, provider=provider, cluster=cluster)
     max_exit = max_exit_from_env(env)
     store = GprStore(db)
