@@ -16,7 +16,7 @@ from gpuscale.core.model import CapacityType
 from gpuscale.providers.aws import AwsConfig, AwsProvider
 from gpuscale.providers.aws_events import REBALANCE, SPOT_WARNING, STATE_CHANGE
 from gpuscale.providers.aws_nodegroup import AwsNodeGroupProvider
-from gpuscale.providers.base import LaunchRequest
+from gpuscale.providers.base import LaunchRequest, ProviderEventKind
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "providers" / "aws.md"
 CHECKED = ("ec2", "eks", "ssm", "sqs", "autoscaling")
@@ -104,6 +104,7 @@ def _nodegroup_provider(aws: MotoAws, world: World) -> AwsNodeGroupProvider:
         region=REGION,
         mode="nodegroup",
         nodegroups={"gpu": "ng-gpu"},
+        interruption_queue=world.queue,
         endpoint_url=aws.proxy.url,
     )
     return AwsNodeGroupProvider(cfg, session=aws.session(), clock=ManualClock(0.0))
@@ -146,7 +147,14 @@ def test_the_nodegroup_policy_grants_exactly_what_the_provider_calls(aws: MotoAw
     provider.launch(LaunchRequest("req-a", "gpu", "g5.xlarge", REGION, count=2))
     nodes = provider.list_nodes()
     provider.delete_node(nodes[0].node_id)
-    assert provider.poll_errors() == []
+    sqs = aws.client("sqs")
+    sqs.send_message(QueueUrl=world.queue_url, MessageBody=ec2_event(SPOT_WARNING, nodes[1].node_id))
+    sqs.send_message(
+        QueueUrl=world.queue_url, MessageBody=ec2_event(STATE_CHANGE, nodes[0].node_id, state="terminated")
+    )
+    aws.proxy.requests = [r for r in aws.proxy.requests if r.action != "SendMessage"]
+    events = provider.poll_errors()
+    assert [(e.kind, e.node_id) for e in events] == [(ProviderEventKind.SPOT_INTERRUPTION, nodes[1].node_id)]
     doc = {a for a in granted(policies()[1]) if a.split(":")[0] in CHECKED}
     assert called(aws) == doc
 

@@ -22,7 +22,7 @@ Fleet errors (``InsufficientInstanceCapacity``, ``UnfulfillableCapacity``, ``Uns
 :class:`~gpuscale.providers.aws_errors.OfferingUpdate` for exactly that (instance type, availability zone, capacity
 type), returned by :meth:`AwsProvider.availability_updates` and attached as ``offerings`` to the error raised when
 the fleet launched nothing. Spot interruption warnings, rebalance recommendations and state changes come from an SQS
-queue (:mod:`gpuscale.providers.aws_events`). The managed node group mode is
+queue (:mod:`gpuscale.providers.aws_queue`). The managed node group mode is
 :mod:`gpuscale.providers.aws_nodegroup`. Nothing here retries or sleeps: botocore retries are off and errors carry
 their retry policy for gpuscale's one retry layer. Credentials come from boto3's default chain and are never logged.
 """
@@ -36,7 +36,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
@@ -45,23 +45,15 @@ import boto3
 
 from gpuscale.clock import Clock, SystemClock
 from gpuscale.core.model import CapacityType, OfferingKey, Taint
-from gpuscale.errors import GpuscaleError, InputError, InvalidProviderRequest, NotFound, ProviderError
-from gpuscale.providers.aws_errors import (
-    PROVIDER_NAME,
-    OfferingUpdate,
-    client_config,
-    fleet_error,
-    map_exception,
-    scrub,
-)
-from gpuscale.providers.aws_events import LOST_STATES, Ec2EventKind, parse_message
+from gpuscale.errors import InputError, InvalidProviderRequest, NotFound
+from gpuscale.providers.aws_errors import PROVIDER_NAME, AwsClients, OfferingUpdate, fleet_error
+from gpuscale.providers.aws_queue import InterruptionQueue
 from gpuscale.providers.base import (
     CloudNode,
     CloudNodeState,
     LaunchRequest,
     ProviderCapabilities,
     ProviderEvent,
-    ProviderEventKind,
 )
 
 __all__ = ["MODES", "AwsClients", "AwsConfig", "AwsProvider", "ami_parameter", "client_token", "user_data"]
@@ -206,45 +198,6 @@ class _Cluster:
     version: str
 
 
-class AwsClients:
-    """The boto3 clients of one session, all with retries off, plus the credentials to scrub from messages."""
-
-    def __init__(self, config: AwsConfig, session: boto3.session.Session | None) -> None:
-        self.session = session or boto3.session.Session(region_name=config.region)
-        cfg = client_config(config.timeout_s)
-        self._clients: dict[str, Any] = {}
-        self._make: Callable[[str], Any] = lambda service: self.session.client(
-            service, region_name=config.region, endpoint_url=config.endpoint_url, config=cfg
-        )
-
-    def __call__(self, service: str) -> Any:
-        if service not in self._clients:
-            self._clients[service] = self._make(service)
-        return self._clients[service]
-
-    def secrets(self) -> tuple[str, ...]:
-        creds = self.session.get_credentials()
-        if creds is None:
-            return ()
-        frozen = creds.get_frozen_credentials()
-        return tuple(s for s in (frozen.access_key, frozen.secret_key, frozen.token) if s)
-
-    def call(self, what: str, fn: Callable[[], T]) -> T:
-        """Run one SDK call; map SDK errors to the error tree, chained to a cause that names no credential."""
-        try:
-            return fn()
-        except GpuscaleError:
-            raise
-        except Exception as exc:
-            secrets = self.secrets()
-            err = map_exception(exc, what, secrets)
-            if err is None:
-                raise
-            leaked = any(s in str(exc) for s in secrets)
-            cause: BaseException = ProviderError(scrub(str(exc), secrets)[:300]) if leaked else exc
-        raise err from cause
-
-
 class AwsProvider:
     """The :class:`~gpuscale.providers.base.Provider` for EKS nodes launched by EC2 fleets (module docstring)."""
 
@@ -255,12 +208,18 @@ class AwsProvider:
     ) -> None:
         self.config = config
         self.clock: Clock = clock or SystemClock()
-        self.aws = AwsClients(config, session)
+        self.aws = AwsClients(
+            session, region=config.region, endpoint_url=config.endpoint_url, timeout_s=config.timeout_s
+        )
         self._lock = threading.RLock()
         self._subnet_zones: dict[str, str] | None = None
         self._cluster: _Cluster | None = None
         self._templates: dict[str, str] = {}
-        self._queue_url: str | None = None
+        self._queue = (
+            InterruptionQueue(self.aws, config.interruption_queue, config.region, self.clock)
+            if config.interruption_queue
+            else None
+        )
         self._updates: list[OfferingUpdate] = []
         self._events: list[ProviderEvent] = []
         self._deleted: set[str] = set()
@@ -352,8 +311,8 @@ class AwsProvider:
     def poll_errors(self) -> Sequence[ProviderEvent]:
         """Events since the last call, from the interruption queue (nothing when no queue is configured)."""
         with self._lock:
-            if self.config.interruption_queue:
-                self._drain_queue()
+            if self._queue is not None:
+                self._events.extend(self._queue.drain(self._owner, self._deleted))
             events, self._events = self._events, []
             return events
 
@@ -366,17 +325,17 @@ class AwsProvider:
 
     def check_queue(self) -> None:
         """Raise :class:`~gpuscale.errors.InputError` now if the configured interruption queue does not exist."""
-        if self.config.interruption_queue:
+        if self._queue is not None:
             with self._lock:
-                self._queue()
+                self._queue.url()
 
     def check(self) -> None:
         """Fail early on a wrong configuration: the cluster, the subnets and the interruption queue must exist."""
         with self._lock:
             self._cluster_info()
             self._zones()
-            if self.config.interruption_queue:
-                self._queue()
+            if self._queue is not None:
+                self._queue.url()
 
     # --- internals -----------------------------------------------------------------------------------------------
     def _tags(self, request: LaunchRequest) -> list[dict[str, str]]:
@@ -528,64 +487,9 @@ class AwsProvider:
             },
         )
 
-    # --- interruption queue --------------------------------------------------------------------------------------
-    def _queue(self) -> str:
-        if self._queue_url is None:
-            name = self.config.interruption_queue
-            if name.startswith(("https://", "http://")):
-                self._queue_url = name
-            else:
-                try:
-                    raw = self.aws.call(f"find SQS queue {name}", lambda: self.aws("sqs").get_queue_url(QueueName=name))
-                except (NotFound, InvalidProviderRequest) as exc:
-                    raise InputError(
-                        f"SQS queue {name!r} does not exist in {self.config.region}",
-                        where="GPUSCALE_AWS_INTERRUPTION_QUEUE",
-                        fix="create it and its EventBridge rules (docs/providers/aws.md), or unset it",
-                    ) from exc
-                self._queue_url = str(raw["QueueUrl"])
-        return self._queue_url
-
-    def _drain_queue(self, max_batches: int = 10) -> None:
-        url = self._queue()
-        sqs = self.aws("sqs")
-        now = self.clock.now()
-        for _ in range(max_batches):
-            answer = self.aws.call(
-                "receive interruption events",
-                lambda: sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0),
-            )
-            messages = answer.get("Messages") or []
-            if not messages:
-                return
-            for m in messages:
-                self._on_message(str(m.get("Body", "")), now)
-            entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)]
-            self.aws.call(
-                "delete interruption events",
-                lambda e=entries: sqs.delete_message_batch(QueueUrl=url, Entries=e),  # type: ignore[misc]
-            )
-
-    def _on_message(self, body: str, now: float) -> None:
-        ev = parse_message(body, now=now)
-        if ev is None:
-            return
-        request_id = self._requests.get(ev.instance_id)
-        if request_id is None:
-            found = self._describe([("instance-id", [ev.instance_id])])
-            if not found:
-                return  # not one of ours
-            request_id = found[0].request_id
-        if ev.kind is Ec2EventKind.SPOT_WARNING:
-            kind, message = ProviderEventKind.SPOT_INTERRUPTION, "EC2 spot interruption warning"
-        elif ev.kind is Ec2EventKind.REBALANCE:
-            kind, message = ProviderEventKind.REBALANCE_RECOMMENDATION, "EC2 rebalance recommendation"
-        elif ev.state in LOST_STATES and ev.instance_id not in self._deleted:
-            kind, message = ProviderEventKind.NODE_FAILED, f"instance is {ev.state}"
-        else:
-            return
-        self._events.append(
-            ProviderEvent(
-                kind, node_id=ev.instance_id, request_id=request_id, message=message, at=ev.at, deadline=ev.deadline
-            )
-        )
+    def _owner(self, instance_id: str) -> str | None:
+        """The request id of one of this cluster's gpuscale instances, or None when it is not one."""
+        if instance_id in self._requests:
+            return self._requests[instance_id]
+        found = self._describe([("instance-id", [instance_id])])
+        return found[0].request_id if found else None

@@ -9,9 +9,11 @@ never a request's headers (which name the access key), and :func:`scrub` removes
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
+import boto3
 from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
@@ -28,6 +30,7 @@ from gpuscale.core.model import CapacityType, OfferingKey
 from gpuscale.errors import (
     AuthenticationError,
     CapacityError,
+    GpuscaleError,
     InsufficientCapacity,
     InvalidProviderRequest,
     NotFound,
@@ -38,6 +41,7 @@ from gpuscale.errors import (
 )
 
 PROVIDER_NAME = "aws"
+T = TypeVar("T")
 
 CAPACITY_CODES = frozenset(
     {"InsufficientInstanceCapacity", "InsufficientCapacity", "UnfulfillableCapacity", "InsufficientHostCapacity"}
@@ -192,3 +196,49 @@ def fleet_error(
         if quota:
             code, message = quota[0]
     return map_code(code, message, what=what, offerings=offerings)
+
+
+class AwsClients:
+    """The boto3 clients of one session, all with retries off, plus the credentials to scrub from messages."""
+
+    def __init__(
+        self,
+        session: boto3.session.Session | None,
+        *,
+        region: str,
+        endpoint_url: str | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self.session = session or boto3.session.Session(region_name=region)
+        cfg = client_config(timeout_s)
+        self._clients: dict[str, Any] = {}
+        self._make: Callable[[str], Any] = lambda service: self.session.client(
+            service, region_name=region, endpoint_url=endpoint_url, config=cfg
+        )
+
+    def __call__(self, service: str) -> Any:
+        if service not in self._clients:
+            self._clients[service] = self._make(service)
+        return self._clients[service]
+
+    def secrets(self) -> tuple[str, ...]:
+        creds = self.session.get_credentials()
+        if creds is None:
+            return ()
+        frozen = creds.get_frozen_credentials()
+        return tuple(s for s in (frozen.access_key, frozen.secret_key, frozen.token) if s)
+
+    def call(self, what: str, fn: Callable[[], T]) -> T:
+        """Run one SDK call; map SDK errors to the error tree, chained to a cause that names no credential."""
+        try:
+            return fn()
+        except GpuscaleError:
+            raise
+        except Exception as exc:
+            secrets = self.secrets()
+            err = map_exception(exc, what, secrets)
+            if err is None:
+                raise
+            leaked = any(s in str(exc) for s in secrets)
+            cause: BaseException = ProviderError(scrub(str(exc), secrets)[:300]) if leaked else exc
+        raise err from cause

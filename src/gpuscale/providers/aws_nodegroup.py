@@ -9,7 +9,8 @@ growth past the group's ``maxSize`` is :class:`~gpuscale.errors.QuotaExceeded`.
 The group's instances (EC2 tags ``eks:cluster-name`` and ``eks:nodegroup-name``) are attributed to ledger entries
 in ``seq`` order, oldest instance first. ``delete_node`` removes one specific instance with the Auto Scaling
 ``TerminateInstanceInAutoScalingGroup`` (decrementing the desired size, as cluster-autoscaler does: lowering the
-desired size alone would let the group pick the victim) and then decrements its ledger entry.
+desired size alone would let the group pick the victim) and then decrements its ledger entry. With an interruption
+queue configured (spot node groups), ``poll_errors`` reports its events for the groups' instances.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ import boto3
 from gpuscale.clock import Clock, SystemClock
 from gpuscale.core.model import CapacityType
 from gpuscale.errors import InvalidProviderRequest, NotFound, QuotaExceeded
-from gpuscale.providers.aws import ALIVE_STATES, INSTANCE_STATES, AwsClients, AwsConfig
-from gpuscale.providers.aws_errors import PROVIDER_NAME
+from gpuscale.providers.aws import ALIVE_STATES, INSTANCE_STATES, AwsConfig
+from gpuscale.providers.aws_errors import PROVIDER_NAME, AwsClients
+from gpuscale.providers.aws_queue import InterruptionQueue
 from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, ProviderCapabilities, ProviderEvent
 
 __all__ = ["AwsNodeGroupProvider"]
@@ -71,9 +73,17 @@ class AwsNodeGroupProvider:
     ) -> None:
         self.config = config
         self.clock: Clock = clock or SystemClock()
-        self.aws = AwsClients(config, session)
+        self.aws = AwsClients(
+            session, region=config.region, endpoint_url=config.endpoint_url, timeout_s=config.timeout_s
+        )
         self._lock = threading.RLock()
         self._request_ids: dict[str, str] = {}
+        self._deleted: set[str] = set()
+        self._queue = (
+            InterruptionQueue(self.aws, config.interruption_queue, config.region, self.clock)
+            if config.interruption_queue
+            else None
+        )
 
     def __repr__(self) -> str:
         return f"AwsNodeGroupProvider(cluster={self.config.cluster_name!r}, nodegroups={dict(self.config.nodegroups)})"
@@ -129,6 +139,7 @@ class AwsNodeGroupProvider:
                 owners = self._owners(group, self._instances(group))
                 if node_id not in owners:
                     continue
+                self._deleted.add(node_id)
                 try:
                     self.aws.call(
                         f"terminate {node_id}",
@@ -155,8 +166,19 @@ class AwsNodeGroupProvider:
             return [n for pool in self.config.nodegroups for n in self._nodes(self._group(pool))]
 
     def poll_errors(self) -> Sequence[ProviderEvent]:
-        """Node groups report no asynchronous events here (their health is the node group's own)."""
-        return []
+        """Events from the interruption queue for the node groups' instances (none without a queue)."""
+        if self._queue is None:
+            return []
+        with self._lock:
+            owners: dict[str, str] | None = None
+
+            def owner(instance_id: str) -> str | None:
+                nonlocal owners
+                if owners is None:
+                    owners = {n.node_id: n.request_id for n in self.list_nodes()}
+                return owners.get(instance_id)
+
+            return self._queue.drain(owner, self._deleted)
 
     # --- internals -----------------------------------------------------------------------------------------------
     def _group(self, pool: str) -> _Group:
