@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpuscale.core.model import Catalog, NodePool
+from gpuscale.providers.capabilities import fit_catalog
 from gpuscale.sim.cloud import SimCloud
 from gpuscale.sim.cluster import SimCluster
 from gpuscale.sim.engine import Engine
@@ -105,6 +106,7 @@ def _make_controller(
     engine: Engine,
     config: Mapping[str, Any],
 ) -> Controller:
+    catalog = fit_catalog(catalog, cloud.capabilities)  # spot and zones as the cloud offers them
     return factory(
         backend=cluster, provider=cloud, pools=tuple(pools), catalog=catalog, clock=engine.clock, config=config
     )

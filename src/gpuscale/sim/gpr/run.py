@@ -27,6 +27,7 @@ from gpuscale.errors import InputError
 from gpuscale.gpr.manager import GprManager, ReconcileReport, StaticInventory
 from gpuscale.gpr.store import GprStore
 from gpuscale.providers.base import CloudNodeState
+from gpuscale.providers.capabilities import fit_catalog
 from gpuscale.sim.cloud import SimCloud
 from gpuscale.sim.engine import Engine, Timer
 from gpuscale.sim.gpr.scenario import (
@@ -93,7 +94,7 @@ class _Driver:
         self.store = GprStore(":memory:")
         self.manager = GprManager(
             self.store,
-            scenario.catalog,
+            fit_catalog(scenario.catalog, self.cloud.capabilities),
             config=scenario.manager,
             provider=self.cloud,
             inventory=self.inventory,
