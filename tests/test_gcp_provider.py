@@ -153,6 +153,7 @@ def test_operations_are_polled_across_rounds_and_node_ids_stay(env: tuple[FakeGc
     nodes = p.list_nodes()
     assert [n.node_id for n in nodes] == ids
     assert all(n.node_name.startswith("gke-gpu-c-gpuscale-") and n.state is CloudNodeState.PROVISIONING for n in nodes)
+    assert all(n.instance_id == n.node_name for n in nodes)  # a Node's providerID is gce://project/zone/NAME
     clock.sleep(61)
     assert {n.state for n in p.list_nodes()} == {CloudNodeState.RUNNING}
     assert fake.calls.count("container.projects.locations.clusters.nodePools.create") == 1

@@ -725,7 +725,7 @@ class GcpProvider:
                         state=state,
                         created_at=self._first_seen(vm),
                         node_name=vm.name,
-                        instance_id=vm.id,
+                        instance_id=vm.name,  # the last part of the Node's providerID gce://project/zone/name
                         labels=pool.node_labels,
                     )
                 )
