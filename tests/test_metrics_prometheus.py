@@ -13,9 +13,11 @@ import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+import scaling_scenario
 from gpuscale.errors import (
     MetricsUnavailable,
     NoData,
@@ -97,8 +99,18 @@ class _Round:
 
 
 @pytest.fixture(scope="module")
+def scenario_port() -> int:
+    """The port the scaling scenario's agent will listen on: scraped (and down) from the start, so the scenario's
+    first polls need not wait for Prometheus to discover it."""
+    return free_port()
+
+
+@pytest.fixture(scope="module")
 def prom(
-    tmp_path_factory: pytest.TempPathFactory, history_start: float, controller: tuple[str, set[str]] | None
+    tmp_path_factory: pytest.TempPathFactory,
+    history_start: float,
+    controller: tuple[str, set[str]] | None,
+    scenario_port: int,
 ) -> Iterator[tuple[PrometheusClient, str]]:
     """Prometheus with a backfilled hour of history, scraping a 2-GPU simulated agent at 40 % utilisation (GPU 1 is
     used by ml/llama-0/server) and the controller's metrics. Yields the client and the agent's scrape target."""
@@ -144,7 +156,7 @@ def prom(
     extra = [controller[0]] if controller else []
     with (
         agent(tmp, args) as a,
-        prometheus(tmp, [a.target, *extra], data=data) as p,
+        prometheus(tmp, [a.target, *extra, f"127.0.0.1:{scenario_port}"], data=data) as p,
         PrometheusClient(p.url) as client,
     ):
         wait_for(lambda: len(client.query("DCGM_FI_DEV_GPU_UTIL")) == 2)
@@ -349,7 +361,7 @@ def test_dashboard_panels_show_the_scraped_controller_and_agent(
         pytest.skip("gpuscale.kube.metrics is not installed")
     client, _ = prom
     _, exported = controller
-    assert client.value("count(up == 1)") == 2
+    assert client.value("count(up == 1)") == 2  # the agent and the controller (the scenario's agent is not up)
     empty = [
         expr
         for expr, found in _dashboard_metrics().items()
@@ -389,3 +401,16 @@ def test_right_sizing_usage_reads_back_from_the_backfilled_history(
     assert rec.cpu_milli.target >= 1500  # the 90th percentile of the pooled samples is the busier pod's 1.5 cores
     empty = PrometheusUsage(client, namespace="nobody", end=end, window_s=3000, step_s=60).usage()
     assert empty.containers == () and empty.gpus == ()
+
+
+def test_scalers_scale_simulated_deployments_from_real_prometheus_metrics(
+    prom: tuple[PrometheusClient, str], scenario_port: int, tmp_path: Path
+) -> None:
+    """The HPA computation and a KEDA scaler poll this Prometheus while it scrapes an agent playing a stepped load
+    curve, each scaling a simulated deployment: replicas and conditions match the hand-computed tables."""
+    client, _ = prom
+    played = scaling_scenario.play(client, tmp_path, scenario_port)
+    assert played.hpa == scaling_scenario.EXPECTED, "\n".join(map(str, played.hpa))
+    assert played.hpa_deployment.history == [(3, 3), (7, 4), (11, 3), (13, 2), (15, 1)]
+    assert played.keda == scaling_scenario.KEDA_EXPECTED
+    assert played.keda_deployment.history == [(3, 1), (5, 3), (11, 2), (15, 0)]
