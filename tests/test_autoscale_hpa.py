@@ -75,6 +75,7 @@ RATIO_CASES = [
     ("external-averagevalue-within-tolerance", AVG, 100, 310, 3, None, 3),
     # External Value: ratio times ready pods
     ("external-value-ratio-times-ready-pods", VAL, 100, 250, 2, None, 5),
+    ("external-value-counts-ready-pods-not-unready", VAL, 100, 250, 4, PodCounts(1, 2, 1), 5),  # 2.5 x (1 + 1)
 ]
 
 

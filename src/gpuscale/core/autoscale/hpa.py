@@ -187,8 +187,9 @@ def propose(target: MetricTarget, sample: Sample, current: int, pods: PodCounts,
             return Proposal(name, None, ratio, "no pods of the target to count")
         if _within(ratio, up, down):
             return Proposal(name, current, ratio, f"ratio {ratio:.3g} within tolerance")
-        n = math.ceil(ratio * pods.ready)
-        return Proposal(name, n, ratio, f"value ratio {ratio:.3g} x {pods.ready} ready pods")
+        ready = pods.ready + pods.missing  # every ready pod counts: an External metric is not reported per pod
+        n = math.ceil(ratio * ready)
+        return Proposal(name, n, ratio, f"value ratio {ratio:.3g} x {ready} ready pods")
     # AverageValue of an External metric: the total shared among the current replicas
     ratio = (math.inf if value_m > 0 else math.nan) if current == 0 else value_m / (target_m * current)
     if not _within(ratio, up, down):
