@@ -15,16 +15,18 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / ".tools" / "prometheus" / "usr" / "bin"
+T = TypeVar("T")
 
 
 def tool(name: str) -> str:
@@ -162,7 +164,7 @@ def prometheus(
         _stop(proc)
 
 
-def wait_for(predicate, timeout: float = 15.0, every: float = 0.1):  # type: ignore[no-untyped-def]
+def wait_for(predicate: Callable[[], T], timeout: float = 15.0, every: float = 0.1) -> T:
     """Poll ``predicate`` until it returns something truthy; that value, or an AssertionError after ``timeout``."""
     deadline = time.monotonic() + timeout
     last: object = None
