@@ -24,6 +24,7 @@ from gpuscale.fakes.kube_api import KubeAPIEmulator, KubeAPIServer
 from gpuscale.kube import API_VERBS, PREFLIGHT_VERBS
 from gpuscale.kube.backend import DISRUPTED_TAINT
 from gpuscale.kube.command import ControllerProcess
+from gpuscale.kube.endpoints import ProcessEndpoints
 from gpuscale.kube.kwok import KwokConfig, KwokProvider
 from kube_harness import Scheduler, client_for, kubeconfig_for
 
@@ -239,18 +240,25 @@ def test_a_410_on_a_watch_relists(world: World, server: KubeAPIServer) -> None:
     server.create("configmaps", {"metadata": {"name": "bump"}})  # history moves on without a pod event
     server.compact()
     server.drop_watches()  # the watches resume from their resourceVersion, which is now too old: 410 Gone
-    server.create("pods", gpu_pod("after-410"), namespace="ml")
     for _ in range(100):
-        if world.proc.cache.relists["pods"] > before and world.proc.cache.get("pods", "ml/after-410"):
+        if world.proc.cache.relists["pods"] > before:
             break
         time.sleep(0.05)
     assert world.proc.cache.relists["pods"] > before
+    server.create("pods", gpu_pod("after-410"), namespace="ml")  # and the new watch sees what comes next
+    for _ in range(100):
+        if world.proc.cache.get("pods", "ml/after-410") is not None:
+            break
+        time.sleep(0.05)
     assert world.proc.cache.get("pods", "ml/after-410") is not None
+
+
+ENDPOINTS = ("--bind-address", "127.0.0.1", "--metrics-port", "0", "--health-port", "0")
 
 
 def _cli(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpuscale.cli", "controller", "--kubeconfig", str(kubeconfig), *args],
+        [sys.executable, "-m", "gpuscale.cli", "controller", "--kubeconfig", str(kubeconfig), *ENDPOINTS, *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -261,7 +269,12 @@ def _cli(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_command_runs_once_against_the_server(server: KubeAPIServer, tmp_path: Path) -> None:
     server.create("pods", gpu_pod("cli-0"), namespace="ml")
     Scheduler(server).step()
-    done = _cli(kubeconfig_for(server, tmp_path / "config"), "--provider", "kwok", "--once")
+    config = kubeconfig_for(server, tmp_path / "config")
+    sim = _cli(config, "--provider", "sim", "--once")
+    assert sim.returncode == 2 and "cannot add nodes to a live cluster" in sim.stderr
+    unknown = _cli(config, "--provider", "nimbus", "--once")
+    assert unknown.returncode == 2 and "unknown provider" in unknown.stderr
+    done = _cli(config, "--provider", "kwok", "--once")
     assert done.returncode == 0, done.stderr
     assert any((n["metadata"].get("labels") or {}).get("type") == "kwok" for n in server.items("nodes"))  # type: ignore[union-attr]
 
@@ -294,3 +307,44 @@ def test_real_cluster_smoke() -> None:  # pragma: no cover - needs a cluster
         assert proc.step()
     finally:
         proc.close()
+
+
+def test_two_replicas_one_lease_only_the_leader_acts(server: KubeAPIServer) -> None:
+    server.create("namespaces", {"metadata": {"name": "gpuscale"}})
+    clock = ManualClock(1_000_000.0)
+    procs = []
+    try:
+        for _ in range(2):
+            proc = ControllerProcess(client_for(server), CATALOG, "kwok", clock=clock, config=CONFIG).start(
+                sync_timeout_s=5
+            )
+            proc.endpoints = ProcessEndpoints(
+                proc.client,
+                proc.cache,
+                clock,
+                namespace="gpuscale",
+                leader_elect=True,
+                metrics_port=0,
+                health_port=0,
+                host="127.0.0.1",
+            ).start()
+            procs.append(proc)
+            for _ in range(100):  # the first replica takes the free Lease at once; the second must not
+                if procs[0].endpoints and procs[0].endpoints.may_act():
+                    break
+                time.sleep(0.05)
+        leader, standby = procs
+        assert leader.endpoints is not None and leader.endpoints.may_act()
+        assert standby.endpoints is not None and not standby.endpoints.may_act()
+        server.create("pods", gpu_pod("ha-0"), namespace="ml")
+        Scheduler(server).step()
+        for _ in range(5):
+            time.sleep(0.1)
+            for p in procs:
+                p.step()
+            clock.sleep(1)
+        assert leader.rounds > 0 and standby.rounds == 0
+        assert len([n for n in server.items("nodes") if (n["metadata"].get("labels") or {}).get("type") == "kwok"]) == 1  # type: ignore[union-attr]
+    finally:
+        for p in procs:
+            p.close()

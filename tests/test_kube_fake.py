@@ -118,6 +118,8 @@ def test_watch_replays_from_a_resource_version_and_expires_after_compaction(
     http.delete("/api/v1/namespaces/w/pods/w-1")
     events = _watch(http, "/api/v1/namespaces/w/pods", {"resourceVersion": rv})
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "w-1"), ("DELETED", "w-1")]  # type: ignore[index]
+    as_go_parses_it = _watch(http, "/api/v1/namespaces/w/pods", {"resourceVersion": rv, "watch": "True"})
+    assert len(as_go_parses_it) == 2
     server.compact()
     expired = _watch(http, "/api/v1/namespaces/w/pods", {"resourceVersion": rv})
     assert expired[0]["type"] == "ERROR" and expired[0]["object"]["code"] == 410  # type: ignore[index]

@@ -246,6 +246,7 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
         super().__attrs_post_init__()
         for rt in BUILTIN_RESOURCES:
             self.add_resource(rt)
+        self.fallback["get /version/"] << self._serve_server_version  # some clients ask with a slash
         self.fallback[re.compile(r"/apis?/.+")] << self._serve
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
@@ -535,7 +536,7 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
         params = request.params
         name, sub = request.name, request.subresource
         if name is None:
-            if method == "GET" and params.get("watch") in ("true", "1"):
+            if method == "GET" and params.get("watch", "").lower() in ("true", "1", "t"):  # Go's ParseBool
                 self._see(request, "watch", _rbac(rt))
                 return 200, self._watch(rt, request.namespace, params)
             if method == "GET":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,8 +27,10 @@ from gpuscale.kube import API_VERBS
 from gpuscale.kube.backend import KubeBackend
 from gpuscale.kube.cache import KubeCache
 from gpuscale.kube.client import KubeClient, KubeError, load_config
+from gpuscale.kube.endpoints import ProcessEndpoints
 from gpuscale.kube.events import EventRecorder
 from gpuscale.kube.kwok import KwokConfig, KwokProvider
+from gpuscale.kube.matching import ProviderIdMatcher
 from gpuscale.providers.base import Provider
 
 __all__ = ["ControllerProcess", "check_access", "controller_command"]
@@ -85,6 +88,8 @@ class ControllerProcess:
     interval_s: float = 1.0
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     provider_factory: Callable[[], Provider] | None = None
+    endpoints: ProcessEndpoints | None = None
+    """Leader election, probes and metrics (part of the deployment); None runs without them."""
     stop: threading.Event = field(default_factory=threading.Event)
     rounds: int = 0
     cache: KubeCache = field(init=False)
@@ -118,21 +123,20 @@ class ControllerProcess:
             return self.provider_factory()
         if self.provider_name == "kwok":
             return KwokProvider(self.client, self.catalog, self.clock, self.kwok)
-        if self.provider_name == "linode":
-            from gpuscale.kube.matching import ProviderIdMatcher
-            from gpuscale.providers.linode import LinodeConfig, LinodeProvider
+        if self.provider_name == "sim":
+            raise InputError(
+                "the simulated cloud cannot add nodes to a live cluster",
+                where="--provider sim",
+                fix="use --provider kwok for fake nodes in the cluster (or gpuscale simulate without a cluster)",
+            )
+        from gpuscale.errors import AuthenticationError
+        from gpuscale.providers.registry import ProviderSettings, make_provider
 
-            linode = LinodeProvider(LinodeConfig.from_env(self.env), env=self.env, clock=self.clock)
-            return ProviderIdMatcher(linode, self.cache, scheme="linode://")
-        if self.provider_name == "aws":  # node names are the instances' private DNS names, as EKS registers them
-            from gpuscale.providers.aws_factory import aws_provider_from_env
-
-            return aws_provider_from_env(self.env, self.clock)
-        raise InputError(
-            f"provider {self.provider_name!r} is not available with a live cluster",
-            where="--provider",
-            fix="use kwok (Node objects in this cluster), linode or aws",
-        )
+        try:
+            cloud = make_provider(self.provider_name, ProviderSettings(self.env, self.clock, self.catalog))
+        except AuthenticationError as exc:
+            raise InputError(str(exc), where=f"--provider {self.provider_name}", fix="set the credentials") from exc
+        return ProviderIdMatcher(cloud, self.cache)
 
     def _current_pools(self) -> list[NodePool]:
         if self.pools is not None:
@@ -141,16 +145,23 @@ class ControllerProcess:
         return self.backend.node_pools()
 
     def step(self) -> bool:
-        """One reconcile if the cache is healthy; returns whether it ran."""
+        """One reconcile if the cache is healthy and this replica may act; returns whether it ran."""
         if not self.cache.healthy:
+            return False
+        if self.endpoints is not None and not self.endpoints.may_act():
+            self.endpoints.after_round(self.controller.claims.values(), self.backend.list_pods(), None, None)
             return False
         if self.pools is None and self._pools_version != self.cache.version:
             pools = self.backend.node_pools()
             if {p.name: p for p in pools} != self.controller.pools:
                 self.controller.pools = {p.name: p for p in pools}
             self._pools_version = self.cache.version
-        self.controller.reconcile()
+        started = time.perf_counter()
+        result = self.controller.reconcile()
         self.rounds += 1
+        if self.endpoints is not None:
+            seconds = time.perf_counter() - started
+            self.endpoints.after_round(self.controller.claims.values(), self.backend.list_pods(), result, seconds)
         return True
 
     def run(self, max_rounds: int | None = None) -> None:
@@ -168,15 +179,16 @@ class ControllerProcess:
                 self.rounds >= max_rounds or (ran and (wake is None or wait >= self.interval_s))
             ):
                 return
-            else:
-                log.warning(
-                    "waiting for the API server: %s", "; ".join(e.describe() for e in self.cache.errors().values())
-                )
+            elif not self.cache.healthy:
+                errors = "; ".join(e.describe() for e in self.cache.errors().values())
+                log.warning("waiting for the API server: %s", errors or "first list")
             changed.wait(wait)
             changed.clear()
 
     def close(self) -> None:
         self.stop.set()
+        if self.endpoints is not None:
+            self.endpoints.close()
         if hasattr(self, "cache"):
             self.cache.stop()
             self.backend.events.flush(2)
@@ -191,7 +203,9 @@ class ControllerProcess:
 )
 @click.option("--context", help="Kubeconfig context (default: its current context).")
 @click.option(
-    "--provider", type=click.Choice(["linode", "kwok", "sim", "aws"]), required=True, help="Where nodes come from."
+    "--provider",
+    required=True,
+    help="Where nodes come from: kwok (Node objects in this cluster), linode, aws, gcp, alibaba.",
 )
 @click.option("--catalog", default="linode", show_default=True, help="Catalog name or file.")
 @click.option("--region", default=None, help="Catalog region.")
@@ -208,6 +222,7 @@ class ControllerProcess:
 @click.option(
     "--leader-elect/--no-leader-elect", default=False, show_default=True, help="Act only while holding the Lease."
 )
+@click.option("--bind-address", default="0.0.0.0", show_default=True, help="Address of the metrics and probe ports.")
 @click.option("--once", is_flag=True, help="Check access, sync, reconcile until nothing is due soon, and exit.")
 def controller_command(
     kubeconfig: str | None,
@@ -222,16 +237,11 @@ def controller_command(
     metrics_port: int,
     health_port: int,
     leader_elect: bool,
+    bind_address: str,
     once: bool,
 ) -> None:
     """Run gpuscale as a controller in (or against) a Kubernetes cluster."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if provider == "sim":
-        raise InputError(
-            "the simulated cloud cannot add nodes to a live cluster",
-            where="--provider sim",
-            fix="use --provider kwok for fake nodes in the cluster (or gpuscale simulate without a cluster)",
-        )
     cat = load_catalog(catalog, region=region)
     pools = None
     if pools_file is not None:
@@ -249,6 +259,16 @@ def controller_command(
     )
     try:
         proc.start()
+        proc.endpoints = ProcessEndpoints(
+            client,
+            proc.cache,
+            proc.clock,
+            namespace=namespace,
+            leader_elect=leader_elect,
+            metrics_port=metrics_port,
+            health_port=health_port,
+            host=bind_address,
+        ).start()
         click.echo(f"gpuscale controller: {len(proc.controller.pools)} pool(s), provider {provider}", err=True)
         proc.run(max_rounds=20 if once else None)
     except KeyboardInterrupt:

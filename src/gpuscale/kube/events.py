@@ -47,7 +47,8 @@ EVENT_NAMESPACE = "default"
 """Namespace of Events about cluster-scoped objects (nodes), as kubelet and the node controller do."""
 
 _SECRET = re.compile(
-    r"(?i)(bearer\s+|token[\"']?\s*[:=]\s*[\"']?|password[\"']?\s*[:=]\s*[\"']?|authorization[\"']?\s*[:=]\s*[\"']?)"
+    r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?(?:bearer\s+|basic\s+)?|bearer\s+|token[\"']?\s*[:=]\s*[\"']?"
+    r"|password[\"']?\s*[:=]\s*[\"']?)"
     r"[^\s\"',;]+"
 )
 _LONG_HEX = re.compile(r"\b[0-9a-fA-F]{32,}\b")

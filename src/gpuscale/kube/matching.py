@@ -1,8 +1,10 @@
-"""Cloud nodes matched to Node objects by provider id (``spec.providerID``, e.g. ``linode://12345``).
+"""Cloud nodes matched to Node objects by provider id (``spec.providerID``).
 
 A cloud's node list knows its instances, not the Kubernetes names they register under. :class:`ProviderIdMatcher`
 wraps a provider and fills each :class:`~gpuscale.providers.base.CloudNode`'s ``node_name`` from the cached Node whose
-provider id names the same instance, so the controller follows the claim from launch to registration.
+provider id names the same instance, so the controller follows the claim from launch to registration. The instance is
+the last part of the provider id: ``linode://12345``, ``aws:///us-east-1a/i-0abc``, ``gce://project/zone/name``,
+``kwok://name``; Alibaba's ``cn-hangzhou.i-xyz`` ends with it after a dot.
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ __all__ = ["ProviderIdMatcher"]
 class ProviderIdMatcher:
     """A provider whose listed nodes carry the name of the Node registered for them."""
 
-    def __init__(self, inner: Provider, cache: KubeCache, *, scheme: str) -> None:
+    def __init__(self, inner: Provider, cache: KubeCache) -> None:
         self.inner = inner
         self.cache = cache
-        self.scheme = scheme
         self.name = inner.name
         self._index: tuple[int, dict[str, str]] = (-1, {})
 
@@ -35,8 +36,12 @@ class ProviderIdMatcher:
             out = {}
             for obj in self.cache.objects("nodes"):
                 pid = str((obj.get("spec") or {}).get("providerID") or "")
-                if pid.startswith(self.scheme):
-                    out[pid[len(self.scheme) :]] = obj["metadata"]["name"]
+                if not pid:
+                    continue
+                last = pid.rstrip("/").rsplit("/", 1)[-1]
+                out[last] = out[pid] = obj["metadata"]["name"]
+                if "." in last and "://" not in pid:
+                    out[last.split(".", 1)[1]] = obj["metadata"]["name"]
             self._index = (self.cache.version, out)
         return self._index[1]
 
@@ -44,7 +49,7 @@ class ProviderIdMatcher:
         names = self._names()
         out = []
         for cn in nodes:
-            name = names.get(cn.instance_id) or names.get(cn.node_id)
+            name = next((names[k] for k in (cn.instance_id, cn.node_id) if k and k in names), None)
             out.append(replace(cn, node_name=name) if name and not cn.node_name else cn)
         return out
 
