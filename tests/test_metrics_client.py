@@ -10,7 +10,7 @@ from urllib.parse import parse_qs
 import httpx
 import pytest
 
-from gpuscale.errors import MetricsError, MetricsUnavailable, QueryRejected, RetryKind
+from gpuscale.errors import MetricsAccessDenied, MetricsError, MetricsUnavailable, QueryRejected, RetryKind
 from gpuscale.metrics.prometheus import MetricSource, PrometheusClient
 
 
@@ -81,6 +81,8 @@ def test_scalars_and_vectors_become_samples() -> None:
         ),
         (400, {"status": "error", "errorType": "bad_data", "error": "parse error"}, QueryRejected, "parse error"),
         (502, "<html>Bad Gateway</html>", MetricsUnavailable, "HTTP 502"),
+        (401, "Unauthorized", MetricsAccessDenied, "refused the credentials"),
+        (403, {"status": "error", "errorType": "forbidden", "error": "tenant"}, MetricsAccessDenied, "HTTP 403"),
         (200, "not json", MetricsUnavailable, "not JSON"),
         (200, [1, 2], MetricsUnavailable, "not a JSON object"),
         (200, {"status": "success", "data": {}}, MetricsUnavailable, "resultType"),
@@ -96,9 +98,11 @@ def test_error_answers_map_to_the_most_specific_class(
         _client(status, body).value("up")
     assert type(exc.value) is error
     assert exc.value.server == "http://prom.example:9090" and exc.value.query == "up"
-    assert exc.value.retry.kind == (RetryKind.NEVER if error is QueryRejected else RetryKind.BACKOFF)
-    if isinstance(exc.value, QueryRejected):
+    never = error in (QueryRejected, MetricsAccessDenied)
+    assert exc.value.retry.kind == (RetryKind.NEVER if never else RetryKind.BACKOFF)
+    if never:
         assert exc.value.status == status
+    assert "Bearer" not in str(exc.value) and " t " not in f" {exc.value} "
 
 
 def test_range_answers_that_are_not_matrices_are_rejected() -> None:

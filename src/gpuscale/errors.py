@@ -18,6 +18,7 @@ what to do from the class and :attr:`GpuscaleError.retry` alone.
     └── MetricsError                    a metrics query failed: retried at a later poll, never by sleeping
         ├── MetricsUnavailable          connection refused, timeout, 5xx, an unreadable answer: back off
         ├── QueryRejected               Prometheus refused the query (bad_data, execution): fix the query
+        ├── MetricsAccessDenied         401/403 from the server or a proxy in front of it: fix the credentials
         └── MetricDataError             the answer is not one usable number
             ├── NoData                  no series matched
             ├── TooManySeries           several series where one was expected: aggregate the query
@@ -191,6 +192,13 @@ class QueryRejected(MetricsError):
     ) -> None:
         self.error_type = error_type
         super().__init__(message, query=query, server=server, status=status)
+
+
+class MetricsAccessDenied(MetricsError):
+    """The server (or an authenticating proxy) refused our credentials (HTTP 401/403). Never retried unchanged; the
+    message never contains the credential."""
+
+    retry = RetryPolicy(RetryKind.NEVER)
 
 
 class MetricDataError(MetricsError):

@@ -2,9 +2,10 @@
 
 Every failure is mapped to the metrics branch of :mod:`gpuscale.errors` and chained to its cause: a connection
 failure, timeout, 5xx or unreadable body is :class:`MetricsUnavailable`; a refused query (``bad_data``,
-``execution``) is :class:`QueryRejected`; an answer that is not one usable number is :class:`NoData`,
-:class:`TooManySeries` or :class:`NotANumber`. The client never retries or sleeps: a scaler polls again at its next
-interval, and the error's ``retry`` policy says whether that is worth it.
+``execution``) is :class:`QueryRejected`; refused credentials (401/403) are :class:`MetricsAccessDenied`; an answer
+that is not one usable number is :class:`NoData`, :class:`TooManySeries` or :class:`NotANumber`. The client never
+retries or sleeps: a scaler polls again at its next interval, and the error's ``retry`` policy says whether that is
+worth it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 import httpx
 
 from gpuscale.errors import (
+    MetricsAccessDenied,
     MetricsError,
     MetricsUnavailable,
     NoData,
@@ -121,6 +123,13 @@ class PrometheusClient:
             raise MetricsUnavailable(
                 f"cannot reach Prometheus at {self.base_url}: {exc}", query=query, server=self.base_url
             ) from exc
+        if resp.status_code in (401, 403):
+            raise MetricsAccessDenied(
+                f"Prometheus at {self.base_url} refused the credentials (HTTP {resp.status_code})",
+                query=query,
+                server=self.base_url,
+                status=resp.status_code,
+            )
         try:
             body = resp.json()
         except ValueError as exc:
