@@ -1,11 +1,14 @@
 """The EKS simulator scenario (benchmarks/scenarios/eks-burst.yaml): the burst is served on the AWS catalog, the
-offering that runs out of capacity is left for the next one, and nothing is launched twice."""
+offering that runs out of capacity is left for the next one, and nothing is launched twice; the side-by-side script
+(benchmarks/providers_side_by_side.py) shows it beside the LKE run of the same workload."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from gpuscale.cli import main
@@ -23,3 +26,14 @@ def test_eks_burst_is_served_with_a_capacity_fallback_and_no_duplicates() -> Non
     assert set(report["costByInstanceType"]) == {"g5.2xlarge", "g5.4xlarge"}
     assert report["nodesLaunched"] == 64
     assert report["pendingMaxS"] < 600
+
+
+def test_side_by_side_script_prints_one_row_per_provider(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("side_by_side", SCENARIO.parents[1] / "providers_side_by_side.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main([]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:2] == ["scenario", "cost"]
+    assert [line.split()[0] for line in lines[1:]] == ["burst-from-zero", "eks-burst"]
