@@ -35,7 +35,7 @@ node it already made. Deletes are idempotent.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -51,6 +51,7 @@ from gpuscale.controller.scaleup import PlanFn, ScaleUpSteps
 from gpuscale.controller.shell import ReconcileResult, World
 from gpuscale.core import labels as L
 from gpuscale.core.disruption import DisruptionAction
+from gpuscale.core.gpr import is_gpr_request_id
 from gpuscale.core.model import Catalog, InstanceType, Node, NodePool, OfferingKey
 from gpuscale.core.nodeclaim import TIMED_PHASES, ClaimPhase, deadline
 from gpuscale.core.plan import ScaleUpPlan
@@ -82,7 +83,10 @@ class Controller(ScaleUpSteps, ScaleDownSteps):
 
     ``pools`` and ``catalog`` describe what may be launched; ``planner`` defaults to
     :func:`gpuscale.core.planner.plan`. All state is rebuilt from ``backend`` and ``provider`` on the first
-    reconcile, so constructing a new controller is how a crashed one restarts.
+    reconcile, so constructing a new controller is how a crashed one restarts; ``availability`` (offering marks and
+    back-offs) may be given with a persistent store, and may be shared with the GPR manager. Provider nodes whose
+    request id ``foreign`` owns (by default the GPR manager's) are left to their owner. ``check_gate`` runs the
+    consolidation gate's uncached reference beside every round (tests).
     """
 
     def __init__(
@@ -97,6 +101,7 @@ class Controller(ScaleUpSteps, ScaleDownSteps):
         planner: PlanFn | None = None,
         availability: Availability | None = None,
         check_gate: bool = False,
+        foreign: Callable[[str], bool] | None = is_gpr_request_id,
     ) -> None:
         self.backend = backend
         self.provider = provider
@@ -138,6 +143,8 @@ class Controller(ScaleUpSteps, ScaleDownSteps):
         self._synced: tuple[object, int] | None = None
         """(cloud list, claim table version) after a claim sync that left nothing to wait for."""
         self._static_blocked: set[str] = set()
+        self._foreign = foreign
+        """Request ids another engine owns (default: the GPR manager's): their nodes are never adopted."""
         self.gate = ConsolidationGate(self.pools, self.config, check=check_gate)
         """The consolidation step's clocks, caches and skips."""
         self._measured = self.gate.measured
@@ -268,6 +275,7 @@ class Controller(ScaleUpSteps, ScaleDownSteps):
             self._rules,
             w.now,
             requested=self.claims.count(ClaimPhase.REQUESTED),
+            foreign=self._foreign,
         )
         self._apply(d, w)
         self._unlisted = d.unlisted

@@ -135,12 +135,14 @@ def sync_claims(
     now: float,
     *,
     requested: int | None = None,
+    foreign: Callable[[str], bool] | None = None,
 ) -> Decisions:
     """Match the provider's node list against the claims (see the module docstring).
 
     ``claims`` is in table order (the order claims were added); ``requested`` is how many are Requested (counted
     here when not given). A node whose request id names a claim with another node id is a second node of that
-    request and is claimed as ``<id>#<node id>``.
+    request and is claimed as ``<id>#<node id>``. Nodes whose request id ``foreign`` owns (another engine's, e.g.
+    the GPR manager's) are left alone: never adopted, so never consolidated, drained or deleted here.
     """
     out = Decisions()
     table: dict[str, NodeClaim] | None = None  # the claims with this sync's changes, made on the first change
@@ -153,6 +155,8 @@ def sync_claims(
     for cn in cloud:
         key = cn.request_id or cn.node_id
         existing = get(key)
+        if existing is None and foreign is not None and cn.request_id and foreign(cn.request_id):
+            continue
         if _settled(existing, cn):
             seen.add(key)
             continue
