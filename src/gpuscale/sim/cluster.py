@@ -22,13 +22,15 @@ every pending pod (DaemonSet pods excluded) fits, by first-fit-decreasing (large
 the free room of the registered schedulable nodes (GPUs counted at their template capacity while the device plugin
 is not ready; cordoned nodes and nodes whose GPUs failed to initialise do not count) and of the nodes in flight (at
 their template allocatable, labels and taints), with the same predicates and per-GPU accounting as the scheduler.
+
+Its records (knobs, counters, nodes, pods, what-if templates and cursors) are in :mod:`gpuscale.sim.cluster_records`.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -44,156 +46,17 @@ from gpuscale.core.state import ABSENT_GPU, BoolArray, ClusterState, IntArray, N
 from gpuscale.core.templates import template_allocatable, template_labels
 from gpuscale.providers.base import CloudNode, LaunchRequest
 from gpuscale.sim.cloud import InFlightNode
+from gpuscale.sim.cluster_records import ClusterBehaviour as ClusterBehaviour
+from gpuscale.sim.cluster_records import ClusterCounters as ClusterCounters
+from gpuscale.sim.cluster_records import (
+    FitCursor,
+    NodeTemplate,
+    SimNode,
+    SimPod,
+    demand,
+    ffd_key,
+)
 from gpuscale.sim.engine import Engine, Timer, stream
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterBehaviour:
-    """Knobs of the simulated cluster.
-
-    ``scorer`` names the core scorer the scheduler uses among feasible nodes. Measured GPU utilisation of a node is
-    the GPU share its pods hold, each weighted by the pod's own utilisation (``busy`` unless the arrival says
-    otherwise), plus Gaussian noise of stddev ``utilization_noise``, clipped to 0..1.
-    """
-
-    scorer: str = "best-fit"
-    busy: float = 1.0
-    utilization_noise: float = 0.0
-    record_pod_events: bool = False
-
-
-@dataclass(slots=True)
-class ClusterCounters:
-    """What happened in the cluster. ``disruptions`` counts pods that lost their node or were evicted."""
-
-    pods_arrived: int = 0
-    binds: int = 0
-    pods_completed: int = 0
-    pods_cancelled: int = 0
-    disruptions: int = 0
-    evictions: int = 0
-    pdb_refusals: int = 0
-    do_not_disrupt_violations: int = 0
-    nodes_registered: int = 0
-    nodes_gpu_ready: int = 0
-    nodes_removed: int = 0
-    nodes_removed_with_pods: int = 0
-    spot_interruptions: int = 0
-    spot_interruptions_survived: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        """Plain dict (for reports)."""
-        return {k: int(v) for k, v in asdict(self).items()}
-
-
-class _SimNode:
-    __slots__ = (
-        "allocatable",
-        "cache",
-        "created_at",
-        "gpu_busy",
-        "gpu_count",
-        "gpu_ready",
-        "gpu_timer",
-        "itype",
-        "labels",
-        "name",
-        "pods",
-        "pool",
-        "price",
-        "slot",
-        "taints",
-        "unschedulable",
-    )
-
-    def __init__(self, name: str, slot: int) -> None:
-        self.name = name
-        self.slot = slot
-        self.labels: dict[str, str] = {}
-        self.taints: tuple[Taint, ...] = ()
-        self.unschedulable = False
-        self.pool = ""
-        self.price = 0.0
-        self.itype: InstanceType | None = None
-        self.allocatable = Resources()
-        self.gpu_count = 0
-        self.gpu_ready = False
-        self.gpu_timer: Timer | None = None
-        self.gpu_busy = 0.0
-        self.pods: set[str] = set()
-        self.created_at = 0.0
-        self.cache: Node | None = None
-
-
-class _SimPod:
-    __slots__ = (
-        "arrived_at",
-        "bound_at",
-        "deadline",
-        "done",
-        "duration",
-        "gpu_util",
-        "node",
-        "pending_since",
-        "placement",
-        "pod",
-        "seq",
-        "sig",
-    )
-
-    def __init__(self, pod: Pod, duration: float, seq: int, now: float, gpu_util: float) -> None:
-        self.pod = pod
-        self.duration = duration
-        self.seq = seq
-        self.arrived_at = now
-        self.pending_since = now
-        self.bound_at: float | None = None
-        self.node: _SimNode | None = None
-        self.placement: Placement | None = None
-        self.done: Timer | None = None
-        self.deadline: Timer | None = None
-        self.gpu_util = gpu_util
-        self.sig = _static_sig(pod)
-
-
-def _static_sig(pod: Pod) -> tuple[object, ...]:
-    return (tuple(sorted(pod.node_selector.items())), pod.affinity, pod.tolerations)
-
-
-def _demand(req: Request) -> float:
-    return req.gpu_demand_milli / MILLI_PER_GPU
-
-
-def _ffd_key(sp: _SimPod) -> tuple[int, int, int, int]:
-    r = sp.pod.request
-    return (-r.gpu_demand_milli, -r.cpu_milli, -r.memory_mib, sp.seq)
-
-
-@dataclass(frozen=True, slots=True)
-class _Template:
-    """What a node would look like once registered: labels, taints, allocatable (GPUs at template capacity)."""
-
-    labels: dict[str, str]
-    taints: tuple[Taint, ...]
-    allocatable: Resources
-    gpu_model: str | None
-
-
-class _Cursor:
-    """First-fit position of one pod class (request and label/taint signature) during a what-if packing.
-
-    Rows are only ever taken during the packing, so a row that cannot take the class stays unable to: each cursor
-    moves forward over the rows that fitted the class when it was first seen, registered nodes first, then the nodes
-    in flight.
-    """
-
-    __slots__ = ("extra", "extra_at", "live", "live_at")
-
-    def __init__(self, live: IntArray) -> None:
-        self.live = live
-        self.live_at = 0
-        self.extra: IntArray | None = None
-        self.extra_at = 0
 
 
 class SimCluster:
@@ -227,19 +90,19 @@ class SimCluster:
         self._scorer = make_scorer(self.behaviour.scorer)
         self._models = sorted({it.gpu_model for it in catalog.instance_types if it.gpu_model})
         self._gmax = max([it.gpu_count for it in catalog.instance_types] + [1])
-        self._nodes: dict[str, _SimNode] = {}
-        self._slots: list[_SimNode | None] = []
+        self._nodes: dict[str, SimNode] = {}
+        self._slots: list[SimNode | None] = []
         self._free_slots: list[int] = []
         self._state = self._make_state(max(16, len(self._models) + 1))
-        self._pods: dict[str, _SimPod] = {}
-        self._pending: dict[str, _SimPod] = {}
+        self._pods: dict[str, SimPod] = {}
+        self._pending: dict[str, SimPod] = {}
         self._pending_gpu_milli = 0
         """Total GPU demand of the pending pods (DaemonSet pods excluded)."""
-        self._gpu_waiting: dict[str, _SimNode] = {}
+        self._gpu_waiting: dict[str, SimNode] = {}
         """Registered GPU nodes whose device plugin is not ready yet (but will be)."""
-        self._gpu_failed: dict[str, _SimNode] = {}
+        self._gpu_failed: dict[str, SimNode] = {}
         """Registered GPU nodes whose GPUs never become allocatable."""
-        self._templates: dict[str, _Template] = {}
+        self._templates: dict[str, NodeTemplate] = {}
         """Node name -> template of nodes in flight (pruned when it outgrows what is in flight)."""
         self._new_pending: set[str] = set()
         self._masks: dict[tuple[object, ...], np.ndarray] = {}
@@ -306,7 +169,7 @@ class SimCluster:
             heapq.heapify(self._free_slots)
         return heapq.heappop(self._free_slots)
 
-    def _set_slot(self, sn: _SimNode) -> None:
+    def _set_slot(self, sn: SimNode) -> None:
         st, i, a = self._state, sn.slot, sn.allocatable
         st.names[i] = sn.name
         model = sn.itype.gpu_model if sn.itype is not None else None
@@ -332,7 +195,7 @@ class SimCluster:
         self._slots[i] = None
         heapq.heappush(self._free_slots, i)
 
-    def _static_ok(self, sig: tuple[object, ...], sn: _SimNode) -> bool:
+    def _static_ok(self, sig: tuple[object, ...], sn: SimNode) -> bool:
         return static_fit(self._sig_pod[sig], sn.labels, sn.taints, sn.unschedulable) is None
 
     def _mask(self, sig: tuple[object, ...], pod: Pod) -> np.ndarray:
@@ -345,7 +208,7 @@ class SimCluster:
             self._masks[sig] = mask
         return mask
 
-    def _node_changed(self, sn: _SimNode, *, more_room: bool) -> None:
+    def _node_changed(self, sn: SimNode, *, more_room: bool) -> None:
         sn.cache = None
         for sig, mask in self._masks.items():
             mask[sn.slot] = self._static_ok(sig, sn)
@@ -376,7 +239,7 @@ class SimCluster:
             return
         self._templates.pop(node.node_name, None)
         tpl = self._template(node, itype, taints, hourly_price)
-        sn = _SimNode(node.node_name, self._alloc_slot())
+        sn = SimNode(node.node_name, self._alloc_slot())
         sn.labels = dict(tpl.labels)
         sn.taints = tpl.taints
         sn.pool = node.pool
@@ -401,18 +264,18 @@ class SimCluster:
 
     def _template(
         self, node: CloudNode, itype: InstanceType, taints: tuple[Taint, ...], hourly_price: float
-    ) -> _Template:
+    ) -> NodeTemplate:
         """Labels, taints and allocatable of a node of ``itype`` launched as ``node`` (see the module docstring)."""
         pool = self.pools.get(node.pool) or NodePool(name=node.pool)
         offering = Offering(node.zone, node.capacity_type, hourly_price)
         labels = {**pool.labels, **node.labels, **template_labels(pool, itype, offering)}
         labels[L.HOSTNAME] = node.node_name
         labels[REQUEST_ID_LABEL] = node.request_id
-        return _Template(
+        return NodeTemplate(
             labels, tuple(dict.fromkeys((*pool.taints, *taints))), template_allocatable(pool, itype), itype.gpu_model
         )
 
-    def _gpus_ready(self, sn: _SimNode) -> None:
+    def _gpus_ready(self, sn: SimNode) -> None:
         if self._nodes.get(sn.name) is not sn:
             return
         sn.gpu_timer = None
@@ -443,7 +306,7 @@ class SimCluster:
             raise ValueError(f"pod {pod.key} already exists")
         now = self.engine.now()
         self._seq += 1
-        sp = _SimPod(
+        sp = SimPod(
             replace(pod, node_name=None, phase="Pending"),
             max(0.0, duration),
             self._seq,
@@ -460,7 +323,7 @@ class SimCluster:
         self.version += 1
         self._wake_scheduler()
 
-    def _cancel(self, sp: _SimPod) -> None:
+    def _cancel(self, sp: SimPod) -> None:
         key = sp.pod.key
         if self._pods.get(key) is not sp or key not in self._pending:
             return
@@ -513,7 +376,7 @@ class SimCluster:
             bound += 1
         return bound
 
-    def _choose(self, sp: _SimPod) -> int | None:
+    def _choose(self, sp: SimPod) -> int | None:
         req = sp.pod.request
         ok = self._state.fits(req) & self._mask(sp.sig, sp.pod)
         cands: IntArray = np.flatnonzero(ok).astype(np.int64)
@@ -525,7 +388,7 @@ class SimCluster:
         if len(members) < size:
             return 0
         members = members[:size]
-        taken: list[tuple[_SimPod, int, Placement]] = []
+        taken: list[tuple[SimPod, int, Placement]] = []
         for sp in members:
             slot = self._choose(sp)
             if slot is None:
@@ -537,7 +400,7 @@ class SimCluster:
             self._bind(sp, slot, pl)
         return len(taken)
 
-    def _bind(self, sp: _SimPod, slot: int, placement: Placement | None = None) -> None:
+    def _bind(self, sp: SimPod, slot: int, placement: Placement | None = None) -> None:
         sn = self._slots[slot]
         assert sn is not None
         now = self.engine.now()
@@ -552,7 +415,7 @@ class SimCluster:
             sp.deadline.cancel()
             sp.deadline = None
         sn.pods.add(sp.pod.key)
-        sn.gpu_busy += _demand(req) * sp.gpu_util
+        sn.gpu_busy += demand(req) * sp.gpu_util
         self.used_nodes.add(sn.name)
         self.pending_samples.append(now - sp.pending_since)
         self.counters.binds += 1
@@ -561,24 +424,24 @@ class SimCluster:
         if self.behaviour.record_pod_events:
             self._record("Scheduled", f"pod/{sp.pod.key}", "Bound", f"bound to {sn.name}")
 
-    def _unbind(self, sp: _SimPod) -> _SimNode:
+    def _unbind(self, sp: SimPod) -> SimNode:
         sn = sp.node
         assert sn is not None and sp.placement is not None and sp.bound_at is not None
         now = self.engine.now()
         req = sp.pod.request
         self._state.release(req, sp.placement)
         sn.pods.discard(sp.pod.key)
-        sn.gpu_busy -= _demand(req) * sp.gpu_util
+        sn.gpu_busy -= demand(req) * sp.gpu_util
         if not sn.pods:
             sn.gpu_busy = 0.0
-        self._gpu_s_closed += (now - sp.bound_at) * _demand(req)
+        self._gpu_s_closed += (now - sp.bound_at) * demand(req)
         if sp.done is not None:
             sp.done.cancel()
         sp.node, sp.placement, sp.bound_at, sp.done = None, None, None, None
         self.version += 1
         return sn
 
-    def _complete(self, sp: _SimPod) -> None:
+    def _complete(self, sp: SimPod) -> None:
         if self._pods.get(sp.pod.key) is not sp or sp.node is None:
             return
         sp.done = None
@@ -587,7 +450,7 @@ class SimCluster:
         self.counters.pods_completed += 1
         self._capacity_grew()
 
-    def _repend(self, sp: _SimPod, reason: str, *, by_controller: bool) -> None:
+    def _repend(self, sp: SimPod, reason: str, *, by_controller: bool) -> None:
         node = self._unbind(sp)
         sp.pod = replace(sp.pod, node_name=None, phase="Pending")
         sp.pending_since = self.engine.now()
@@ -612,7 +475,7 @@ class SimCluster:
             self._nodes_listed = (self._nodes_version, tuple(self._as_node(sn) for sn in self._nodes.values()))
         return self._nodes_listed[1]
 
-    def _as_node(self, sn: _SimNode) -> Node:
+    def _as_node(self, sn: SimNode) -> Node:
         if sn.cache is None:
             alloc = sn.allocatable if sn.gpu_ready else replace(sn.allocatable, gpus=0)
             sn.cache = Node(
@@ -698,7 +561,7 @@ class SimCluster:
     def _record(self, kind: str, obj: str, reason: str, message: str) -> None:
         self.events.append(Event(self.engine.now(), kind, obj, reason, message))
 
-    def _remove_node(self, sn: _SimNode, reason: str, *, by_controller: bool) -> None:
+    def _remove_node(self, sn: SimNode, reason: str, *, by_controller: bool) -> None:
         pods = sorted(sn.pods, key=lambda k: self._pods[k].seq)
         for key in pods:
             self._repend(self._pods[key], reason, by_controller=by_controller)
@@ -747,7 +610,7 @@ class SimCluster:
         need = self._pending_gpu_milli
         if need > room * MILLI_PER_GPU and need > room * MILLI_PER_GPU + int(np.maximum(st.gpu_free, 0).sum()):
             return False
-        todo.sort(key=_ffd_key)
+        todo.sort(key=ffd_key)
         usable: BoolArray | None = None
         if self._gpu_failed:
             usable = np.ones(len(st), dtype=bool)
@@ -773,7 +636,7 @@ class SimCluster:
 
     def _first_fit(
         self,
-        todo: Sequence[_SimPod],
+        todo: Sequence[SimPod],
         in_flight: Collection[InFlightNode],
         usable: BoolArray | None,
         taken: list[tuple[Request, Placement]],
@@ -781,8 +644,8 @@ class SimCluster:
         """Place ``todo`` in order, each on the first row with room; placements on the live state go to ``taken``."""
         st = self._state
         extra: ClusterState | None = None
-        tpls: list[_Template] = []
-        cursors: dict[tuple[object, ...], _Cursor] = {}
+        tpls: list[NodeTemplate] = []
+        cursors: dict[tuple[object, ...], FitCursor] = {}
         for sp in todo:
             req = sp.pod.request
             key = (req, sp.sig)
@@ -791,7 +654,7 @@ class SimCluster:
                 ok = st.fits(req) & self._mask(sp.sig, sp.pod)
                 if usable is not None:
                     ok &= usable
-                cur = cursors[key] = _Cursor(np.flatnonzero(ok))
+                cur = cursors[key] = FitCursor(np.flatnonzero(ok))
             live = cur.live
             while cur.live_at < live.size and not st.fits_one(req, int(live[cur.live_at])):
                 cur.live_at += 1
@@ -816,12 +679,12 @@ class SimCluster:
             extra.place(req, int(rows[cur.extra_at]))
         return True
 
-    def _in_flight_templates(self, in_flight: Collection[InFlightNode]) -> list[_Template]:
+    def _in_flight_templates(self, in_flight: Collection[InFlightNode]) -> list[NodeTemplate]:
         cache = self._templates
         if len(cache) > 2 * len(in_flight) + 64:
             names = {f.node.node_name for f in in_flight}
             self._templates = cache = {k: v for k, v in cache.items() if k in names}
-        out: list[_Template] = []
+        out: list[NodeTemplate] = []
         for f in in_flight:
             tpl = cache.get(f.node.node_name)
             if tpl is None:
@@ -852,7 +715,7 @@ class SimCluster:
         """GPU-hours held by running pods so far (whole GPUs count 1, fractions their share)."""
         t = self.engine.now() if now is None else now
         running = sum(
-            (t - sp.bound_at) * _demand(sp.pod.request) for sp in self._pods.values() if sp.bound_at is not None
+            (t - sp.bound_at) * demand(sp.pod.request) for sp in self._pods.values() if sp.bound_at is not None
         )
         return (self._gpu_s_closed + running) / 3600.0
 
