@@ -31,6 +31,7 @@ import itertools
 import json
 import re
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -237,6 +238,8 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
     _watch_epoch: int = attrs.field(default=0, init=False)
     requests_seen: list[tuple[str, str]] = attrs.field(factory=list, init=False)
     """(verb, resource) of every resource request served, for RBAC checks in tests."""
+    created_at: dict[tuple[str, str, str], float] = attrs.field(factory=dict, init=False)
+    """(plural, namespace, name) -> ``time.monotonic()`` when it was created (for latency benchmarks)."""
     token: str | None = None
     """When set, requests must carry ``Authorization: Bearer <token>`` (else 401)."""
     forbidden: set[tuple[str, str]] = attrs.field(factory=set)
@@ -353,6 +356,7 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
             obj["status"] = {"phase": "Pending"}  # the server owns a new pod's status
         self._bump(obj)
         self._objects[key] = obj
+        self.created_at[(rt.plural, ns, name)] = time.monotonic()
         await self._emit(rt, "ADDED", obj)
         return obj
 

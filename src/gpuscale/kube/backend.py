@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lightkube.models.meta_v1 import ObjectMeta
@@ -29,7 +29,7 @@ from gpuscale.core.disruption import PodDisruptionBudget
 from gpuscale.core.model import Catalog, Node, NodePool, Pod
 from gpuscale.core.predicates import untolerated
 from gpuscale.core.resources import Resources
-from gpuscale.kube.cache import KubeCache
+from gpuscale.kube.cache import KubeCache, obj_key
 from gpuscale.kube.client import KubeClient, KubeError
 from gpuscale.kube.events import EventRecorder
 from gpuscale.manifests.nodes import read_node
@@ -55,6 +55,19 @@ def is_pending(obj: Obj) -> bool:
     return False
 
 
+@dataclass(frozen=True, slots=True)
+class _PodView:
+    """A cached pod as the core sees it, with what decides whether it is pending or counted on a nominated node."""
+
+    pod: Pod | None
+    nominated: str | None = None
+    pending: bool = False
+
+
+def _rv(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion", ""))
+
+
 def _doc(kind: str) -> Doc:
     return Doc(source="cluster", index=1, line=None, problems=[], kind=kind)
 
@@ -68,52 +81,72 @@ class KubeBackend:
         self.catalog = catalog
         self._types = catalog.by_name()
         self.events = events or EventRecorder(client, cache)
-        self._pods: tuple[int, tuple[Pod, ...]] = (-1, ())
-        self._nodes: tuple[int, tuple[Node, ...]] = (-1, ())
-        self._pdbs: tuple[int, tuple[PodDisruptionBudget, ...]] = (-1, ())
+        self._pods: tuple[object, tuple[Pod, ...]] = (None, ())
+        self._nodes: tuple[object, tuple[Node, ...]] = (None, ())
+        self._pdbs: tuple[object, tuple[PodDisruptionBudget, ...]] = (None, ())
+        self._pod_memo: dict[str, tuple[str, _PodView]] = {}
+        self._node_memo: dict[str, tuple[str, Node | None]] = {}
+        """Converted objects by key with the resourceVersion they were converted at: only changed ones are read."""
         self._bad: set[str] = set()
 
     # ------------------------------------------------------------------ reads
     def list_nodes(self) -> Sequence[Node]:
-        version = self.cache.version
+        version = self.cache.versions["nodes"]
         if self._nodes[0] != version:
+            memo: dict[str, tuple[str, Node | None]] = {}
             out = []
             for obj in self.cache.objects("nodes"):
-                node = read_node(_doc("Node"), obj, self._types)
-                if node is None:
-                    self._warn("Node", obj)
-                    continue
-                out.append(node)
+                key, rv = obj_key(obj), _rv(obj)
+                hit = self._node_memo.get(key)
+                if hit is None or hit[0] != rv:
+                    hit = (rv, read_node(_doc("Node"), obj, self._types))
+                    if hit[1] is None:
+                        self._warn("Node", obj)
+                memo[key] = hit
+                if hit[1] is not None:
+                    out.append(hit[1])
+            self._node_memo = memo
             self._nodes = (version, tuple(out))
         return self._nodes[1]
 
     def list_pods(self) -> Sequence[Pod]:
-        version = self.cache.version
+        version = (self.cache.versions["pods"], self.cache.versions["nodes"])
         if self._pods[0] != version:
             nodes = {n.name for n in self.list_nodes()}
+            memo: dict[str, tuple[str, _PodView]] = {}
             out = []
-            notes = Notes()
             for obj in self.cache.objects("pods"):
-                spec, status = obj.get("spec") or {}, obj.get("status") or {}
-                if status.get("phase") in ("Succeeded", "Failed"):
+                key, rv = obj_key(obj), _rv(obj)
+                hit = self._pod_memo.get(key)
+                if hit is None or hit[0] != rv:
+                    hit = (rv, self._pod_view(obj))
+                memo[key] = hit
+                view = hit[1]
+                if view.pod is None:
                     continue
-                nominated = status.get("nominatedNodeName")
-                if not spec.get("nodeName"):
-                    if nominated and nominated in nodes:
-                        obj = {**obj, "spec": {**spec, "nodeName": nominated}}  # counted where it will run
-                    elif not is_pending(obj):
+                if view.pod.node_name is None:
+                    if view.nominated and view.nominated in nodes:
+                        out.append(replace(view.pod, node_name=view.nominated))  # counted where it will run
+                        continue
+                    if not view.pending:
                         continue  # the scheduler has not given up on it (yet)
-                pod = read_pod(_doc("Pod"), obj, notes)
-                if pod is None:
-                    if not notes.counts:
-                        self._warn("Pod", obj)
-                    continue
-                out.append(pod)
+                out.append(view.pod)
+            self._pod_memo = memo
             self._pods = (version, tuple(out))
         return self._pods[1]
 
+    def _pod_view(self, obj: Obj) -> _PodView:
+        status = obj.get("status") or {}
+        if status.get("phase") in ("Succeeded", "Failed"):
+            return _PodView(None)
+        notes = Notes()
+        pod = read_pod(_doc("Pod"), obj, notes)
+        if pod is None and not notes.counts:
+            self._warn("Pod", obj)
+        return _PodView(pod, status.get("nominatedNodeName") or None, is_pending(obj))
+
     def list_pdbs(self) -> Sequence[PodDisruptionBudget]:
-        version = self.cache.version
+        version = (self.cache.versions["poddisruptionbudgets"], self.cache.versions["pods"])
         if self._pdbs[0] != version:
             pods = self.cache.objects("pods")
             out = []

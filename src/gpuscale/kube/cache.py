@@ -104,6 +104,8 @@ class KubeCache:
         self._first_error = threading.Event()
         self.version = 0
         """Bumped on every change of any cached object."""
+        self.versions: dict[str, int] = {w.name: 0 for w in resources}
+        """Bumped on every change of an object of that resource."""
         self.relists: dict[str, int] = {w.name: 0 for w in resources}
         """Lists per resource (1 after the start; more after 410 Gone or a dropped connection)."""
         self._tasks: list[Any] = []
@@ -159,7 +161,8 @@ class KubeCache:
             return self._store[name].get(key)
 
     # ------------------------------------------------------------------ the watch loop
-    def _changed(self) -> None:
+    def _changed(self, name: str) -> None:
+        self.versions[name] += 1
         self.version += 1
         for fn in self._listeners:
             fn()
@@ -174,7 +177,7 @@ class KubeCache:
         with self._lock:
             self._store[w.name] = items
             self.relists[w.name] += 1
-        self._changed()
+        self._changed(w.name)
         return rv
 
     def _apply(self, w: Watched, kind: str, obj: Obj) -> None:
@@ -185,7 +188,7 @@ class KubeCache:
                 store.pop(key, None)
             else:
                 store[key] = obj
-        self._changed()
+        self._changed(w.name)
 
     async def _run(self, w: Watched) -> None:
         backoff = self.min_backoff_s

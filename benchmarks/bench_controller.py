@@ -1,0 +1,268 @@
+"""The controller process against a large emulated cluster: launch latency, round time, memory.
+
+Starts the Kubernetes API emulator (``gpuscale.fakes.kube_api``) with ``--nodes`` CPU nodes running ``--pods`` pods,
+then runs ``gpuscale controller --provider kwok`` as a separate process against it and creates pending GPU pods in
+``--bursts`` bursts of ``--burst-size`` (each marked Unschedulable at once, as the scheduler would). Reports:
+
+* time from a pod's creation to the launch made for it (the ``TriggeredScaleUp`` Event the controller writes right
+  after the launch call), p50 and p99 over every burst pod; this includes the controller's batching window
+  (``batchIdle`` 1 s by default);
+* reconcile time per round, from the process's own ``gpuscale_reconcile_seconds`` histogram (``/metrics``);
+* the controller process's peak RSS (``VmHWM``).
+
+Targets (issue 12): p99 at most 2 s, peak RSS at most 150 MB.
+
+    .venv/bin/python benchmarks/bench_controller.py                  # 1,000 nodes, 10,000 pods, 5 bursts of 20
+    .venv/bin/python benchmarks/bench_controller.py --nodes 100 --pods 1000 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuscale.fakes.kube_api import KubeAPIServer
+
+TOLERATE = [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}]
+POOL = {
+    "apiVersion": "gpuscale.io/v1alpha1",
+    "kind": "GPUNodePool",
+    "metadata": {"name": "ada"},
+    "spec": {
+        "instanceTypes": ["g2-gpu-rtx4000a1-s", "g2-gpu-rtx4000a2-s", "g2-gpu-rtx4000a4-m"],
+        "zones": ["us-ord"],
+        "capacityTypes": ["on-demand"],
+        "taints": [{"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}],
+        "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "10m"},
+    },
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _kubeconfig(url: str, path: Path) -> None:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "bench", "cluster": {"server": url}}],
+                "users": [{"name": "bench", "user": {"token": "bench"}}],
+                "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench"}}],
+                "current-context": "bench",
+            }
+        )
+    )
+
+
+def populate(server: KubeAPIServer, nodes: int, pods: int) -> None:
+    """CPU nodes (8 CPU, 32 GiB) with running pods spread over them."""
+    server.create("gpunodepools", POOL)
+    alloc = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+    for i in range(nodes):
+        server.create(
+            "nodes",
+            {
+                "metadata": {"name": f"cpu-{i:05d}", "labels": {"kubernetes.io/hostname": f"cpu-{i:05d}"}},
+                "status": {"allocatable": alloc, "capacity": alloc},
+            },
+        )
+    for i in range(pods):
+        name = f"web-{i:06d}"
+        server.create(
+            "pods",
+            {
+                "metadata": {"name": name, "labels": {"app": f"web-{i % 50}"}},
+                "spec": {
+                    "nodeName": f"cpu-{i % max(1, nodes):05d}",
+                    "containers": [{"name": "c", "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}}}],
+                },
+            },
+            namespace="apps",
+        )
+        server.patch("pods", name, {"status": {"phase": "Running"}}, namespace="apps", status=True)
+
+
+def burst(server: KubeAPIServer, index: int, size: int) -> list[tuple[str, float]]:
+    """Create ``size`` pending one-GPU pods; returns (name, creation time) pairs."""
+    made = []
+    for j in range(size):
+        name = f"train-{index:02d}-{j:03d}"
+        server.create(
+            "pods",
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "tolerations": TOLERATE,
+                    "containers": [
+                        {"name": "c", "resources": {"requests": {"cpu": "1", "memory": "4Gi", "nvidia.com/gpu": "1"}}}
+                    ],
+                },
+            },
+            namespace="ml",
+        )
+        created = server.call(lambda n=name: server.emulator.created_at[("pods", "ml", n)])
+        cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/N nodes fit"}
+        server.patch("pods", name, {"status": {"conditions": [cond]}}, namespace="ml", status=True)
+        made.append((name, created))
+    return made
+
+
+def launch_latencies(server: KubeAPIServer, made: list[tuple[str, float]]) -> tuple[list[float], int]:
+    """Seconds from each pod's creation to its TriggeredScaleUp Event; and how many pods have none."""
+    events = server.items("events", "ml")
+    times: dict[str, float] = server.call(lambda: dict(server.emulator.created_at))
+    first: dict[str, float] = {}
+    for ev in events:
+        if ev.get("reason") != "TriggeredScaleUp":
+            continue
+        pod = ev["involvedObject"]["name"]
+        at = times.get(("events", "ml", ev["metadata"]["name"]))  # type: ignore[call-overload]
+        if at is not None:
+            first[pod] = min(at, first.get(pod, at))
+    out = [first[name] - created for name, created in made if name in first]
+    return out, len(made) - len(out)
+
+
+def scrape(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r"^(gpuscale_reconcile_seconds_(?:sum|count|bucket)(?:\{le=\"([^\"]+)\"\})?) ([0-9.e+-]+)$", line)
+        if m:
+            out[m.group(1)] = float(m.group(3))
+    return out
+
+
+def _quantile_from_buckets(metrics: dict[str, float], q: float) -> float | None:
+    buckets = sorted(
+        (float(k.split('le="')[1].rstrip('"}')), v) for k, v in metrics.items() if "_bucket" in k and "+Inf" not in k
+    )
+    total = metrics.get("gpuscale_reconcile_seconds_count", 0.0)
+    if not total:
+        return None
+    for le, count in buckets:
+        if count >= q * total:
+            return le
+    return float("inf")
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--pods", type=int, default=10_000)
+    ap.add_argument("--bursts", type=int, default=5)
+    ap.add_argument("--burst-size", type=int, default=20)
+    ap.add_argument("--gap", type=float, default=5.0, help="Seconds between bursts.")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+
+    server = KubeAPIServer().start()
+    t0 = time.monotonic()
+    populate(server, args.nodes, args.pods)
+    setup_s = time.monotonic() - t0
+    tmp = Path(tempfile.mkdtemp())
+    _kubeconfig(server.url, tmp / "config")
+    metrics_port = _free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpuscale.cli",
+        "controller",
+        "--kubeconfig",
+        str(tmp / "config"),
+        "--provider",
+        "kwok",
+        "--bind-address",
+        "127.0.0.1",
+        "--metrics-port",
+        str(metrics_port),
+        "--health-port",
+        str(metrics_port),
+        "--interval",
+        "1",
+    ]
+    env = {**os.environ, "KUBERNETES_SERVICE_HOST": ""}
+    log = open(tmp / "controller.log", "w")  # noqa: SIM115 - kept open for the child's lifetime
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                scrape(metrics_port)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    raise SystemExit(f"the controller exited: see {tmp / 'controller.log'}") from None
+                time.sleep(0.2)
+        synced_s = time.monotonic() - t0 - setup_s
+        made: list[tuple[str, float]] = []
+        for b in range(args.bursts):
+            made += burst(server, b, args.burst_size)
+            time.sleep(args.gap)
+        time.sleep(3)
+        latencies, missing = launch_latencies(server, made)
+        metrics = scrape(metrics_port)
+        rss = peak_rss_mb(proc.pid)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        server.close()
+    rounds = metrics.get("gpuscale_reconcile_seconds_count", 0.0)
+    report: dict[str, Any] = {
+        "nodes": args.nodes,
+        "running_pods": args.pods,
+        "burst_pods": len(made),
+        "setup_s": round(setup_s, 1),
+        "controller_ready_s": round(synced_s, 1),
+        "launch_latency_p50_s": round(statistics.median(latencies), 3) if latencies else None,
+        "launch_latency_p99_s": round(sorted(latencies)[max(0, int(0.99 * len(latencies)) - 1)], 3)
+        if latencies
+        else None,
+        "pods_without_launch": missing,
+        "rounds": int(rounds),
+        "round_mean_s": round(metrics.get("gpuscale_reconcile_seconds_sum", 0.0) / rounds, 4) if rounds else None,
+        "round_p50_le_s": _quantile_from_buckets(metrics, 0.5),
+        "round_p99_le_s": _quantile_from_buckets(metrics, 0.99),
+        "peak_rss_mb": round(rss, 1),
+        "targets": {"launch_latency_p99_s": 2.0, "peak_rss_mb": 150.0},
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for k, v in report.items():
+            print(f"{k:24} {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
