@@ -13,7 +13,7 @@ from gpuscale.catalogs import load_catalog
 from gpuscale.clock import ManualClock
 from gpuscale.errors import AuthenticationError, InputError
 from gpuscale.providers import registry
-from gpuscale.providers.base import LaunchRequest
+from gpuscale.providers.base import LaunchRequest, Provider
 
 CATALOG = load_catalog("linode")
 
@@ -53,6 +53,19 @@ def test_a_missing_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     make = registry.provider_factory("nimbus", settings())
     with pytest.raises(InputError, match=r"gpuscale\[nimbus\]"):
         make()
+
+
+def needs_a_missing_sdk(settings: registry.ProviderSettings) -> Provider:
+    import gpuscale_missing_sdk  # type: ignore[import-not-found]  # noqa: F401
+
+    raise AssertionError("unreachable")
+
+
+def test_a_factory_importing_a_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    target = f"{__name__}:needs_a_missing_sdk"
+    monkeypatch.setitem(registry._REGISTRY, "nimbus", registry.Registration(target, "nimbus"))
+    with pytest.raises(InputError, match=r"gpuscale_missing_sdk.*gpuscale\[nimbus\]"):
+        registry.provider_factory("nimbus", settings())()
 
 
 def test_register_checks_the_target() -> None:

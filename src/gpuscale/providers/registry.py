@@ -77,18 +77,28 @@ def registration(name: str) -> Registration:
     return reg
 
 
+def _missing(name: str, reg: Registration, exc: ImportError) -> InputError:
+    fix = f"pip install 'gpuscale[{reg.extra}]'" if reg.extra else "reinstall gpuscale"
+    return InputError(f"needs a package that is not installed ({exc.name})", where=f"--provider {name}", fix=fix)
+
+
 def resolve(name: str) -> Callable[[ProviderSettings], Provider]:
-    """Import and return the factory of provider ``name``. A missing extra is an :class:`InputError` naming it."""
+    """Import and return the factory of provider ``name``. A missing extra, whether the factory's module or a
+    module the factory imports when called, is an :class:`InputError` naming it."""
     reg = registration(name)
     module, _, attr = reg.target.partition(":")
     try:
         factory: Callable[[ProviderSettings], Provider] = getattr(importlib.import_module(module), attr)
     except ImportError as exc:
-        fix = f"pip install 'gpuscale[{reg.extra}]'" if reg.extra else "reinstall gpuscale"
-        raise InputError(
-            f"needs a package that is not installed ({exc.name})", where=f"--provider {name}", fix=fix
-        ) from None
-    return factory
+        raise _missing(name, reg, exc) from None
+
+    def make(settings: ProviderSettings) -> Provider:
+        try:
+            return factory(settings)
+        except ImportError as exc:
+            raise _missing(name, reg, exc) from None
+
+    return make
 
 
 def provider_factory(name: str, settings: ProviderSettings) -> Callable[[], Provider]:
