@@ -252,7 +252,11 @@ class ScaleDownSteps(ShellBase):
     def _collect_orphans(self, w: World) -> None:
         """Remove Node objects labelled with a request id the provider no longer lists (after a grace period)."""
         claims = self.claims
-        if not any((rid := n.labels.get(REQUEST_ID_LABEL)) is not None and rid not in claims for n in w.nodes.values()):
+        for n in w.nodes.values():
+            rid = n.labels.get(REQUEST_ID_LABEL)
+            if rid is not None and rid not in claims:
+                break
+        else:  # every labelled Node has its claim: no orphan (the common case, checked without building anything)
             self._orphan_since = {}
             return
         scan = orphan_step(

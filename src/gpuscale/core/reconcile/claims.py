@@ -114,18 +114,6 @@ def advance_claim(claim: NodeClaim, nodes: Mapping[str, Node], now: float, out: 
     return claim
 
 
-def _settled(existing: NodeClaim | None, cn: CloudNodeView) -> bool:
-    """True if the listed node teaches nothing about its claim."""
-    return (
-        existing is not None
-        and existing.node_id == cn.node_id
-        and existing.phase is not ClaimPhase.REQUESTED
-        and existing.phase not in ADVANCING
-        and bool(existing.node_name)
-        and (not cn.node_name or existing.node_name == cn.node_name)
-    )
-
-
 def sync_claims(
     claims: Mapping[str, NodeClaim],
     cloud: Sequence[CloudNodeView],
@@ -146,23 +134,30 @@ def sync_claims(
     """
     out = Decisions()
     table: dict[str, NodeClaim] | None = None  # the claims with this sync's changes, made on the first change
-
-    def get(key: str) -> NodeClaim | None:
-        return (table if table is not None else claims).get(key)
-
+    current: Mapping[str, NodeClaim] = claims
+    requested_phase, advancing = ClaimPhase.REQUESTED, ADVANCING
     learnt = False
+    listed_requests = 0  # Requested claims whose node this sync found (they are Launched now)
     seen: set[str] = set()
     for cn in cloud:
         key = cn.request_id or cn.node_id
-        existing = get(key)
+        existing = current.get(key)
         if existing is None and foreign is not None and cn.request_id and foreign(cn.request_id):
             continue
-        if _settled(existing, cn):
+        if (  # the listed node teaches nothing about its claim (inline: this runs for every node of every sync)
+            existing is not None
+            and existing.node_id == cn.node_id
+            and existing.phase is not requested_phase
+            and existing.phase not in advancing
+            and existing.node_name
+            and (not cn.node_name or existing.node_name == cn.node_name)
+        ):
             seen.add(key)
             continue
         learnt = True
         if table is None:
             table = dict(claims)
+            current = table
         if existing is not None and existing.node_id and existing.node_id != cn.node_id:
             key = f"{key}#{cn.node_id}"
             existing = table.get(key)
@@ -180,15 +175,16 @@ def sync_claims(
             if claim.phase is ClaimPhase.REQUESTED:
                 claim = transition(claim, ClaimEvent.LAUNCHED, now, node_id=cn.node_id, node_name=cn.node_name)
                 out.actions.append(ClearRetry(key))
+                listed_requests += 1
             if not claim.node_id or (cn.node_name and claim.node_name != cn.node_name):
                 claim = replace(claim, node_id=cn.node_id, node_name=cn.node_name or claim.node_name)
         seen.add(key)
         claim = advance_claim(claim, nodes, now, out)
         table[key] = claim
         out.actions.append(SetClaim(key, claim))
-    current = table if table is not None else claims
-    if requested is None or table is not None:
-        requested = sum(1 for c in current.values() if c.phase is ClaimPhase.REQUESTED)
+    if requested is None:
+        requested = sum(1 for c in claims.values() if c.phase is ClaimPhase.REQUESTED)
+    requested -= listed_requests
     if len(seen) + requested == len(current):
         # every claim was listed, or is still Requested (seen claims are never Requested)
         out.settled = not learnt
