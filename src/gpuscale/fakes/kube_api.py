@@ -14,6 +14,8 @@
 * list then watch from a resourceVersion, replaying the retained history; a resourceVersion older than the history
   (see :meth:`KubeAPIEmulator.compact`) gets the real server's ``ERROR`` event with code 410 ``Expired``;
 * the Eviction subresource with PodDisruptionBudget checks (429 when a budget allows no disruption);
+* the ``scale`` subresource of Deployments, StatefulSets and ReplicaSets (an ``autoscaling/v1`` Scale: GET, PATCH,
+  PUT; the workload's ``spec.replicas`` follows, ``status.selector`` comes from its ``spec.selector``);
 * Leases, Events and gpuscale's CRDs as ordinary resources (more with :meth:`KubeAPIEmulator.add_resource`).
 
 :class:`KubeAPIServer` runs it on 127.0.0.1 in a background thread (a free port, kept across :meth:`stop` and
@@ -74,12 +76,19 @@ BUILTIN_RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "secrets", "Secret", True, status=False),
     ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
     ResourceType("apps", "v1", "daemonsets", "DaemonSet", True),
+    ResourceType("apps", "v1", "deployments", "Deployment", True),
+    ResourceType("apps", "v1", "statefulsets", "StatefulSet", True),
+    ResourceType("apps", "v1", "replicasets", "ReplicaSet", True),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True, status=False),
     ResourceType("gpuscale.io", "v1alpha1", "gpunodepools", "GPUNodePool", False),
     ResourceType("gpuscale.io", "v1alpha1", "gpunodeclaims", "GPUNodeClaim", False),
     ResourceType("gpuscale.io", "v1alpha1", "offeringavailabilities", "OfferingAvailability", False),
     ResourceType("gpuscale.io", "v1alpha1", "gpuprovisioningrequests", "GPUProvisioningRequest", True),
+    ResourceType("gpuscale.io", "v1alpha1", "gpuworkloadscalers", "GPUWorkloadScaler", True),
+    ResourceType("gpuscale.io", "v1alpha1", "gpubudgets", "GPUBudget", True),
 )
+SCALABLE = frozenset({("apps", "deployments"), ("apps", "statefulsets"), ("apps", "replicasets")})
+"""(group, plural) of the resources served with a ``scale`` subresource."""
 
 Key = tuple[str, str, str]
 """(resource key ``group/version/plural``, namespace or "", name)."""
@@ -277,6 +286,8 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
         subresources = {"status"} if rt.status else set()
         if rt.plural == "pods":
             subresources |= {"eviction", "binding"}
+        if (rt.group, rt.plural) in SCALABLE:
+            subresources |= {"scale"}
         self.resources[f"{rt.group}/{rt.version}/{rt.plural}" if rt.group else f"v1/{rt.plural}"] = kmock.ResourceInfo(
             kind=rt.kind,
             namespaced=rt.namespaced,
@@ -317,8 +328,16 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
 
     def objects(self, rt: ResourceType, namespace: str | None = None) -> list[Obj]:
         """Stored objects of a resource (copies), optionally of one namespace."""
+        return [copy.deepcopy(o) for o in self._select(rt, namespace)]
+
+    def _select(self, rt: ResourceType, namespace: str | None, keep: Callable[[Obj], bool] | None = None) -> list[Obj]:
+        """The stored objects themselves (never changed in place: every write stores a new dict), for reading."""
         rk = _rkey(rt)
-        return [copy.deepcopy(o) for (k, ns, _), o in self._objects.items() if k == rk and namespace in (None, ns)]
+        return [
+            o
+            for (k, ns, _), o in self._objects.items()
+            if k == rk and namespace in (None, ns) and (keep is None or keep(o))
+        ]
 
     def read_obj(self, rt: ResourceType, namespace: str, name: str) -> Obj:
         obj = self._objects.get((_rkey(rt), namespace, name))
@@ -381,7 +400,7 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
             if not isinstance(body, dict):
                 raise _error(400, "BadRequest", "a merge patch must be a JSON object")
             self._check_rv(rt, name, current, (body.get("metadata") or {}).get("resourceVersion"))
-            new = _merge(current, body)
+            new = _merge(copy.deepcopy(current), body)  # stored objects are never changed in place
         elif ctype.startswith("application/json-patch+json"):
             try:
                 new = jsonpatch.apply_patch(current, body)
@@ -452,7 +471,7 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
         labels = pod["metadata"].get("labels") or {}
         phase = (pod.get("status") or {}).get("phase")
         if phase not in ("Succeeded", "Failed"):
-            for pdb in self.objects(self._types[("policy", "v1", "poddisruptionbudgets")], namespace):
+            for pdb in self._select(self._types[("policy", "v1", "poddisruptionbudgets")], namespace):
                 if selector_matches((pdb.get("spec") or {}).get("selector"), labels) and self.pdb_allowed(pdb) < 1:
                     raise _error(
                         429,
@@ -463,13 +482,58 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
         await self.delete_obj(pods, namespace, name)
         return {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
 
+    async def scale(self, rt: ResourceType, namespace: str, name: str, method: str, request: Any) -> Obj:
+        """The ``scale`` subresource: the workload as an ``autoscaling/v1`` Scale; a write sets ``spec.replicas``."""
+        current = self.read_obj(rt, namespace, name)
+        if method != "GET":
+            scale = self._scale_of(current)
+            if method == "PUT":
+                body = request.data if isinstance(request.data, dict) else None
+                if body is None:
+                    raise _error(400, "BadRequest", "the body must be a JSON object")
+                self._check_rv(rt, name, current, (body.get("metadata") or {}).get("resourceVersion"))
+                new_scale = body
+            else:
+                ctype = request.headers.get("Content-Type", request.headers.get("content-type", ""))
+                patch = json.loads(request.body or b"null")
+                if ctype.startswith("application/merge-patch+json") and isinstance(patch, dict):
+                    new_scale = _merge(scale, patch)
+                elif ctype.startswith("application/json-patch+json"):
+                    try:
+                        new_scale = jsonpatch.apply_patch(scale, patch)
+                    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError) as exc:
+                        raise _error(422, "Invalid", f"the JSON patch cannot be applied: {exc}") from None
+                else:
+                    raise _error(415, "UnsupportedMediaType", f"patch type {ctype!r} is not served on scale")
+            replicas = (new_scale.get("spec") or {}).get("replicas")
+            if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+                raise _error(422, "Invalid", f"spec.replicas: Invalid value: {replicas!r}: must be an integer >= 0")
+            new = copy.deepcopy(current)
+            new.setdefault("spec", {})["replicas"] = replicas
+            current = await self._store(rt, current, new)
+        return self._scale_of(current)
+
+    @staticmethod
+    def _scale_of(obj: Obj) -> Obj:
+        meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+        labels = ((spec.get("selector") or {}).get("matchLabels")) or {}
+        return {
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                         if k in meta},
+            "spec": {"replicas": int(spec.get("replicas", 1))},
+            "status": {"replicas": int(status.get("replicas") or 0),
+                       "selector": ",".join(f"{k}={v}" for k, v in sorted(labels.items()))},
+        }  # fmt: skip
+
     def pdb_allowed(self, pdb: Obj) -> int:
         """Disruptions a PodDisruptionBudget allows now, from the running pods it selects."""
         spec = pdb.get("spec") or {}
         ns = pdb["metadata"].get("namespace", "")
         pods = [
             p
-            for p in self.objects(self._types[("", "v1", "pods")], ns)
+            for p in self._select(self._types[("", "v1", "pods")], ns)
             if selector_matches(spec.get("selector"), p["metadata"].get("labels") or {})
             and not p["metadata"].get("deletionTimestamp")
         ]
@@ -554,6 +618,9 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
         if sub == "eviction" and rt.plural == "pods" and method == "POST":
             self._see(request, "create", res)
             return 201, await self.evict(ns, name, request.data)
+        if sub == "scale" and (rt.group, rt.plural) in SCALABLE and method in ("GET", "PATCH", "PUT"):
+            self._see(request, {"GET": "get", "PATCH": "patch", "PUT": "update"}[method], res)
+            return 200, await self.scale(rt, ns, name, method, request)
         if sub not in (None, "status") or (sub == "status" and not rt.status):
             raise _error(404, "NotFound", f"the server could not find the requested resource ({res})")
         if method == "GET":
@@ -579,7 +646,7 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
 
     def _list(self, rt: ResourceType, namespace: str | None, params: Mapping[str, str]) -> Obj:
         keep = self._filters(params)
-        items = [o for o in self.objects(rt, namespace) if keep(o)]
+        items = self._select(rt, namespace, keep)  # serialised at once
         return {
             "apiVersion": rt.api_version,
             "kind": f"{rt.kind}List",
@@ -601,7 +668,7 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
         start = params.get("resourceVersion", "")
         if start in ("", "0"):
             since = self._last_rv
-            initial = [o for o in self.objects(rt, namespace) if keep(o)]
+            initial = self._select(rt, namespace, keep)
             yield b""  # send the headers now
             for obj in initial:
                 yield {"type": "ADDED", "object": obj}

@@ -8,6 +8,7 @@ with back-off and reconciles pause until every watch is back (a decision on a st
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -69,6 +70,15 @@ def check_access(client: KubeClient, pairs: Any) -> None:
             raise KubeError("not granted by RBAC", status=403, reason="Forbidden", verb=verb, resource=resource)
 
 
+def _warm_up() -> None:
+    """Import the planner and its solver now, so the first pending pod does not wait for SciPy to load."""
+    import importlib
+
+    for module in ("gpuscale.core.planner", "scipy.optimize"):
+        with contextlib.suppress(ImportError):  # the solver extra is optional
+            importlib.import_module(module)
+
+
 def _setup_error(exc: KubeError) -> InputError:
     return InputError(exc.describe(), where="API server", fix="")
 
@@ -113,6 +123,7 @@ class ControllerProcess:
         )
         self.backend.events.cache = self.cache
         self.provider = self._provider()
+        _warm_up()
         self.controller = Controller(
             self.backend, self.provider, self._current_pools(), self.catalog, self.clock, self.config
         )

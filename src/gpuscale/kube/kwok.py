@@ -6,8 +6,9 @@ template: well-known, ``gpuscale.io/pool``, GPU Feature Discovery), ``gpuscale.i
 and pools, tolerate or declare it), ``spec.providerID`` ``kwok://<name>``, and allocatable CPU and memory from the
 catalog. Allocatable ``nvidia.com/gpu`` starts at 0 and is set from the catalog ``device_plugin_delay_s`` after
 creation (the device plugin starting), on the first ``list_nodes`` after that time. In a cluster running kwok this is a
-full scale test with no cloud account. Launches are idempotent by request id (the request-id label); ``max_nodes``
-and ``unavailable_types`` stand in for a quota and for exhausted capacity.
+full scale test with no cloud account. Launches are idempotent by request id: node names derive from it, so a repeated
+launch meets 409 AlreadyExists and returns the nodes labelled with it. ``max_nodes`` and ``unavailable_types`` stand in
+for a quota and for exhausted capacity.
 """
 
 from __future__ import annotations
@@ -89,19 +90,22 @@ class KwokProvider:
             raise TransientProviderError(exc.describe(), provider=self.name, status=exc.status or None) from exc
 
     def launch(self, request: LaunchRequest) -> Sequence[CloudNode]:
-        existing = self._list(f"{REQUEST_ID_LABEL}={request.request_id}")
-        if existing:
-            return [self._cloud(n) for n in existing]
         itype = self._types.get(request.instance_type)
         if itype is None:
             raise InvalidProviderRequest(
                 f"unknown instance type {request.instance_type!r}", provider=self.name, field="instance_type"
             )
         if request.instance_type in self.config.unavailable_types:
+            made = self._list(f"{REQUEST_ID_LABEL}={request.request_id}")
+            if made:  # launched before the capacity ran out: the same nodes again
+                return [self._cloud(n) for n in made]
             raise InsufficientCapacity(f"no capacity for {request.instance_type} in {request.zone}", provider=self.name)
         if self.config.max_nodes is not None:
-            count = len(self._list(f"{PROVIDER_LABEL}=kwok"))
-            if count + request.count > self.config.max_nodes:
+            listed = self._list(f"{PROVIDER_LABEL}=kwok")
+            mine = [n for n in listed if _request_id(n) == request.request_id]
+            if mine:
+                return [self._cloud(n) for n in mine]
+            if len(listed) + request.count > self.config.max_nodes:
                 raise QuotaExceeded(f"kwok node quota {self.config.max_nodes} reached", provider=self.name)
         digest = hashlib.sha256(request.request_id.encode()).hexdigest()[:8]
         out = []
@@ -228,6 +232,12 @@ class KwokProvider:
             instance_id=f"kwok://{meta['name']}",
             labels=labels,
         )
+
+
+def _request_id(n: dict[str, object]) -> str:
+    meta = n.get("metadata") or {}
+    labels = meta.get("labels") or {} if isinstance(meta, dict) else {}
+    return str(labels.get(REQUEST_ID_LABEL, "")) if isinstance(labels, dict) else ""
 
 
 def _labels(selector: str) -> dict[str, str]:
