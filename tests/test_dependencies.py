@@ -38,8 +38,20 @@ DISTRIBUTION = {
     "aiohttp": "aiohttp",
     "attrs": "attrs",
     "jsonpatch": "jsonpatch",
+    "croniter": "croniter",
+    "boto3": "boto3",
+    "botocore": "botocore",
+    "google.cloud.container_v1": "google-cloud-container",
+    "google.cloud.compute_v1": "google-cloud-compute",
+    "google.api_core": "google-api-core",
+    "google.auth": "google-auth",
+    "alibabacloud_cs20151215": "alibabacloud-cs20151215",
+    "alibabacloud_tea_openapi": "alibabacloud-tea-openapi",
+    "Tea": "alibabacloud-tea",
+    "darabonba": "darabonba-core",
 }
-"""Import name -> distribution on PyPI, for every third-party module gpuscale imports."""
+"""Import name (or, for namespace packages such as ``google``, the dotted module) -> distribution on PyPI, for every
+third-party module gpuscale imports."""
 
 EXTRA_OF = {
     "scipy": "solver",
@@ -54,6 +66,16 @@ EXTRA_OF = {
     "httpx2": "kube",
     "nvidia-ml-py": "agent",
     "prometheus-client": "agent",
+    "boto3": "aws",
+    "botocore": "aws",
+    "google-cloud-container": "gcp",
+    "google-cloud-compute": "gcp",
+    "google-api-core": "gcp",
+    "google-auth": "gcp",
+    "alibabacloud-cs20151215": "alibaba",
+    "alibabacloud-tea-openapi": "alibaba",
+    "alibabacloud-tea": "alibaba",
+    "darabonba-core": "alibaba",
 }
 """The extra each optional runtime distribution belongs to (the feature that imports it)."""
 
@@ -89,15 +111,32 @@ def _imports() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 found[module].update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                found[module].add(node.module)
+                if node.module.split(".")[0] in NAMESPACE_PACKAGES:  # the distribution is named by what is imported
+                    found[module].update(f"{node.module}.{a.name}" for a in node.names)
+                else:
+                    found[module].add(node.module)
                 if node.module == "gpuscale":
                     found[module].update(f"gpuscale.{a.name}" for a in node.names)
     return found
 
 
+NAMESPACE_PACKAGES = {"google"}
+"""Top-level names shared by several distributions: their imports are looked up by dotted prefix."""
+
+
 def _third_party(name: str) -> str | None:
+    """The key of ``DISTRIBUTION`` an import belongs to (the top-level name, or for a namespace package the longest
+    dotted prefix in the table); None for the standard library and gpuscale itself."""
     top = name.split(".")[0]
-    return None if top in sys.stdlib_module_names or top in ("gpuscale", "__future__") else top
+    if top in sys.stdlib_module_names or top in ("gpuscale", "__future__"):
+        return None
+    if top in NAMESPACE_PACKAGES:
+        parts = name.split(".")
+        for n in range(len(parts), 1, -1):
+            if ".".join(parts[:n]) in DISTRIBUTION:
+                return ".".join(parts[:n])
+        return name
+    return top
 
 
 def test_the_walk_sees_the_known_imports() -> None:
