@@ -42,6 +42,7 @@ EXAMPLES: dict[str, str] = {
     "gpubudget.yaml": "a GPUBudget shared by two models (the arbiter's input): kubectl apply -f gpubudget.yaml",
     "usage.yaml": "three days of container and GPU memory usage: gpuscale rightsize usage.yaml",
     "gpubudget-scalers.yaml": "another scaler in the budget: gpuscale scaler arbitrate gpubudget.yaml scaler.yaml FILE",
+    "inference-budget.yaml": "three inference models sharing a GPU budget: gpuscale compare inference-budget.yaml",
 }
 """The shipped example files, each with a one-line description."""
 

@@ -693,6 +693,23 @@ class SimCluster:
         return out
 
     # ------------------------------------------------------------------------------------------- inspection
+    def remove_pod(self, key: str) -> bool:
+        """Delete a pod (a workload scaled down): a pending one is dropped, a running one frees its node at once.
+        False if there is no such pod."""
+        sp = self._pods.get(key)
+        if sp is None:
+            return False
+        if key in self._pending:
+            self._cancel(sp)
+        else:
+            self._complete(sp)
+        return True
+
+    def bound_at(self, key: str) -> float | None:
+        """When the pod was bound to its node (None: pending or unknown)."""
+        sp = self._pods.get(key)
+        return None if sp is None else sp.bound_at
+
     def pending_count(self) -> int:
         """Pods waiting for a node."""
         return len(self._pending)

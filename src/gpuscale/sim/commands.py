@@ -244,6 +244,11 @@ def compare_command(
     scenario: str, policies: str, as_json: bool, as_csv: bool, out: str | None, seed: int | None
 ) -> None:
     """Run SCENARIO under gpuscale and baseline policies on the same workload; one table, one plot."""
+    from gpuscale.sim.scalers import compare_inference_file  # a scenario with inference models and scalers
+
+    inference_policies = None if policies == ",".join(POLICIES) else policies
+    if compare_inference_file(scenario, inference_policies, as_json, as_csv, out, seed):
+        return
     names = [p.strip() for p in policies.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICIES]
     if unknown or not names:

@@ -78,7 +78,10 @@ from gpuscale.sim.workloads import (
     steady,
 )
 
-TOP_FIELDS = ("name", "description", "seed", "duration", "catalog", "pools", "cloud", "cluster", "workload", "policy")
+TOP_FIELDS = (
+    "name", "description", "seed", "duration", "catalog", "pools", "cloud", "cluster", "workload", "policy",
+    "inference",
+)  # fmt: skip
 CLOUD_FIELDS = (
     "launchLatency",
     "registrationLatency",
@@ -171,6 +174,8 @@ class Scenario:
     """``policy.reconcileInterval``: minimum time between reconciles caused by changes."""
     settle_s: float | None = None
     """``policy.settle``: for controllers without timers, how long to keep reconciling after a change."""
+    inference: Any = None
+    """The ``inference`` section (:class:`gpuscale.sim.inference.InferenceSpec`): models scaled by their scalers."""
 
     def arrivals(self) -> list[Arrival]:
         """Every arrival of every workload source, merged in time order (pod keys must be unique)."""
@@ -351,7 +356,12 @@ def parse_scenario(
     pools = _pools(v, top.get("pools"), catalog, source)
     cloud = _cloud(v, top.get("cloud"), catalog)
     cluster, pdbs = _cluster(v, top.get("cluster"))
-    workload = _workloads(v, top.get("workload"), base)
+    inference = None
+    if top.get("inference") is not None:  # inference models and their scalers (gpuscale.sim.inference)
+        from gpuscale.sim.inference import parse_inference
+
+        inference = parse_inference(v, top["inference"], base)
+    workload = () if inference is not None and top.get("workload") is None else _workloads(v, top.get("workload"), base)
     policy = v.mapping(top.get("policy"), "policy", _AnyKeys())
     interval = v.duration(policy.get("reconcileInterval", 10.0), "policy.reconcileInterval")
     if interval <= 0:
@@ -376,6 +386,7 @@ def parse_scenario(
         description=v.string(top.get("description"), "description"),
         reconcile_interval_s=interval,
         settle_s=settle,
+        inference=inference,
     )
 
 
