@@ -1,47 +1,32 @@
-"""The same workload on several clouds, side by side: cost, pending time, launches and capacity errors.
+"""The same workload on several clouds, side by side: a thin wrapper of ``gpuscale compare --providers``.
 
-Each argument is a scenario file; the default pair is burst-from-zero (Linode LKE) and eks-burst (EKS), which replay
-the same 64-pod burst on each provider's catalog with that provider's latencies and capacity. Each scenario runs
-through ``gpuscale simulate --json``::
+Without arguments it runs burst-from-zero under gpuscale on the LKE, EKS, GKE and ACK profiles of the simulator
+(see docs/simulator.md, "Provider profiles"); any arguments are passed on to ``gpuscale compare``::
 
     .venv/bin/python benchmarks/providers_side_by_side.py
-    .venv/bin/python benchmarks/providers_side_by_side.py benchmarks/scenarios/*.yaml
+    .venv/bin/python benchmarks/providers_side_by_side.py benchmarks/scenarios/gke-spot.yaml --json
+    .venv/bin/gpuscale compare --providers lke,eks,gke,ack benchmarks/scenarios/eks-burst.yaml   # the same
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
+from gpuscale.cli import main as gpuscale_main
+
 HERE = Path(__file__).resolve().parent
-DEFAULT = [HERE / "scenarios" / "burst-from-zero.yaml", HERE / "scenarios" / "eks-burst.yaml"]
-COLUMNS = (
-    ("scenario", lambda r: r["scenario"]),
-    ("cost $", lambda r: f"{r['costUsd']:.2f}"),
-    ("pending p50 s", lambda r: f"{r['pendingP50s']:.0f}"),
-    ("pending p95 s", lambda r: f"{r['pendingP95s']:.0f}"),
-    ("nodes", lambda r: str(r["nodesLaunched"])),
-    ("capacity errors", lambda r: str(r["cloud"]["insufficient_capacity"])),
-    ("duplicates", lambda r: str(r["duplicateLaunches"])),
-    ("pods done", lambda r: f"{r['podsCompleted']}/{r['podsArrived']}"),
-)
-
-
-def run(scenario: Path) -> dict:
-    exe = Path(sys.executable).with_name("gpuscale")
-    out = subprocess.run([str(exe), "simulate", str(scenario), "--json"], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
+DEFAULT_SCENARIO = HERE / "scenarios" / "burst-from-zero.yaml"
+PROVIDERS = "lke,eks,gke,ack"
 
 
 def main(argv: list[str]) -> int:
-    reports = [run(Path(a)) for a in (argv or DEFAULT)]
-    rows = [[fmt(r) for _, fmt in COLUMNS] for r in reports]
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, (h, _) in enumerate(COLUMNS)]
-    print("  ".join(h.ljust(w) for (h, _), w in zip(COLUMNS, widths, strict=True)))
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+    args = list(argv)
+    if not any(a.endswith((".yaml", ".yml")) for a in args):
+        args.append(str(DEFAULT_SCENARIO))
+    if not any(a == "--providers" or a.startswith("--providers=") for a in args):
+        args = ["--providers", PROVIDERS, *args]
+    gpuscale_main(["compare", *args], prog_name="gpuscale", standalone_mode=False)
     return 0
 
 

@@ -1,6 +1,6 @@
 """The EKS simulator scenario (benchmarks/scenarios/eks-burst.yaml): the burst is served on the AWS catalog, the
 offering that runs out of capacity is left for the next one, and nothing is launched twice; the side-by-side script
-(benchmarks/providers_side_by_side.py) shows it beside the LKE run of the same workload."""
+(benchmarks/providers_side_by_side.py, a wrapper of `compare --providers`) shows it beside LKE, GKE and ACK."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def test_side_by_side_script_prints_one_row_per_provider(capsys: pytest.CaptureF
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.main([]) == 0
+    assert module.main([str(SCENARIO)]) == 0  # now a thin wrapper of `gpuscale compare --providers`
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:2] == ["scenario", "cost"]
-    assert [line.split()[0] for line in lines[1:]] == ["burst-from-zero", "eks-burst"]
+    header = next(i for i, line in enumerate(lines) if line.startswith("provider"))
+    assert lines[header].split()[:3] == ["provider", "cost", "$"]
+    assert [line.split()[0] for line in lines[header + 1 : header + 5]] == ["lke", "eks", "gke", "ack"]

@@ -113,6 +113,15 @@ class Faults:
             raise ValueError("fault probabilities must sum to at most 1")
 
 
+@dataclass(frozen=True, slots=True)
+class ApiRateLimit:
+    """A token bucket on nodes launched: ``burst`` tokens, refilled at ``per_second``; each node of a launch takes
+    one. A launch that finds too few tokens raises :class:`RateLimited` with the wait until there are enough."""
+
+    burst: float
+    per_second: float
+
+
 def _lognormal(median: float, sigma: float = 0.3) -> Dist:
     return Dist("lognormal", median, sigma)
 
@@ -133,12 +142,15 @@ class CloudBehaviour:
     """Account-wide limit on live nodes: launches beyond it raise :class:`QuotaExceeded`."""
     spot_interruptions_per_hour: float = 0.0
     spot_notice_s: float = 120.0
+    spot_protection_s: float = 0.0
+    """No spot interruption notice in a node's first ``spot_protection_s`` seconds of running."""
     faults: Faults = field(default_factory=Faults)
     launch_failure_rate: float = 0.0
     """Probability that an accepted launch fails asynchronously while provisioning (reported by ``poll_errors``)."""
     gpu_init_failure_rate: float = 0.0
     """Probability that a GPU node registers but its GPUs never become allocatable."""
     max_nodes_per_launch: int = 100
+    api_rate: ApiRateLimit | None = None
 
     def latencies(self, instance_type: str) -> tuple[Dist, Dist, Dist]:
         """(launch, registration, device plugin) distributions for an instance type."""
@@ -341,6 +353,8 @@ class SimCloud:
         self.redundant_nodes: list[str] = []
         """Names of the nodes counted in ``counters.redundant_launches``, in creation order."""
         self._listed: tuple[int, tuple[CloudNode, ...]] = (-1, ())
+        self._tokens: tuple[float, float] | None = None
+        """(tokens, at) of the API rate-limit bucket, once used."""
 
     # ----------------------------------------------------------------------------------------------- protocol
     @property
@@ -361,6 +375,7 @@ class SimCloud:
         self.counters.launch_calls += 1
         try:
             took_effect_then_timeout = self._maybe_fault("launch")
+            self._take_tokens(request)
             nodes = self._launch(request)
         except Exception:
             self.counters.failed_launches += 1
@@ -425,6 +440,22 @@ class SimCloud:
                 return True
             raise TransientProviderError(f"{method}: request timed out", provider=self.name)
         return False
+
+    def _take_tokens(self, request: LaunchRequest) -> None:
+        """Charge a new launch to the API rate-limit bucket (replays are free); raise RateLimited if it is short."""
+        rate = self.behaviour.api_rate
+        if rate is None or request.request_id in self._by_request:
+            return
+        now = self.engine.now()
+        tokens, at = self._tokens if self._tokens is not None else (rate.burst, now)
+        tokens = min(rate.burst, tokens + (now - at) * rate.per_second)
+        need = min(float(request.count), rate.burst)
+        if tokens < need:
+            self._tokens = (tokens, now)
+            self.counters.rate_limited += 1
+            wait = (need - tokens) / rate.per_second if rate.per_second > 0 else 3600.0
+            raise RateLimited("launch: API rate limit exceeded", provider=self.name, retry_after=wait)
+        self._tokens = (tokens - need, now)
 
     def _launch(self, request: LaunchRequest) -> list[CloudNode]:
         prior = self._by_request.get(request.request_id)
@@ -540,7 +571,7 @@ class SimCloud:
         _, reg_d, _ = b.latencies(rec.itype.name)
         rec.timers = [self.engine.after(reg_d.sample(self._rng_lat), self._register, rec)]
         if rec.request.capacity_type is CapacityType.SPOT and b.spot_interruptions_per_hour > 0:
-            dt = self._rng_spot.expovariate(b.spot_interruptions_per_hour / 3600.0)
+            dt = b.spot_protection_s + self._rng_spot.expovariate(b.spot_interruptions_per_hour / 3600.0)
             rec.timers.append(self.engine.after(dt, self._spot_notice, rec))
 
     def _register(self, rec: _Rec) -> None:
@@ -688,6 +719,10 @@ class SimCloud:
     def launched_node_names(self, *, include_failed: bool = True) -> list[str]:
         """Names of every node ever created, in creation order (optionally without failed launches)."""
         return [r.node_name for r in self._recs.values() if include_failed or not r.failed]
+
+    def launched(self) -> list[CloudNode]:
+        """Every node ever created (failed and gone ones included), in creation order."""
+        return [r.snapshot() for r in self._recs.values()]
 
     def in_flight(self) -> list[InFlightNode]:
         """Nodes launched and not yet registered, deleting, failed or gone, in creation order."""

@@ -19,6 +19,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gpuscale.errors import InputError
 from gpuscale.resources import example
+from gpuscale.sim.compare_providers import format_providers, parse_providers, provider_rows, providers_csv
 from gpuscale.sim.policies import POLICIES, factory_for, lower_bound
 from gpuscale.sim.report import format_report, write_outputs
 from gpuscale.sim.runner import SimResult, run_simulation
@@ -79,6 +80,11 @@ def run_and_report(path: str | Path, policy: str | None, as_json: bool, out: str
     scenario = load_scenario(path)
     if seed is not None:
         scenario = dataclasses.replace(scenario, seed=seed)
+    if scenario.inference is not None:  # inference models and scalers: gpuscale with its budgets
+        from gpuscale.sim.scalers import simulate_inference
+
+        simulate_inference(scenario, policy, as_json, out)
+        return
     name = _policy_name(scenario, policy)
     result = simulate_policy(scenario, name, show_progress=not as_json and sys.stderr.isatty())
     report = result.report
@@ -235,27 +241,44 @@ def compare_csv(rows: Sequence[Mapping[str, Any]]) -> str:
 
 @click.command("compare")
 @click.argument("scenario", type=click.Path(dir_okay=False))
-@click.option("--policies", default=",".join(POLICIES), show_default=True, help="Comma-separated policies to compare.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per policy and the lower bound.")
-@click.option("--csv", "as_csv", is_flag=True, help="Print CSV: a header, one row per policy and the lower bound.")
-@click.option("--out", type=click.Path(file_okay=False), default=None, help="Write compare.json and compare.png here.")
+@click.option("--policies", default=None, help=f"Comma-separated policies to compare [default: {','.join(POLICIES)}].")
+@click.option(
+    "--providers", default=None, help="Instead of policies: gpuscale on each provider profile (e.g. lke,eks,gke,ack)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per policy (or provider).")
+@click.option("--csv", "as_csv", is_flag=True, help="Print CSV: a header, one row per policy (or provider).")
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="Write compare.json (and compare.png).")
 @_seed_opt
 def compare_command(
-    scenario: str, policies: str, as_json: bool, as_csv: bool, out: str | None, seed: int | None
+    scenario: str,
+    policies: str | None,
+    providers: str | None,
+    as_json: bool,
+    as_csv: bool,
+    out: str | None,
+    seed: int | None,
 ) -> None:
-    """Run SCENARIO under gpuscale and baseline policies on the same workload; one table, one plot."""
+    """Run SCENARIO under gpuscale and baseline policies on the same workload; one table, one plot.
+
+    With --providers, run it under gpuscale on each provider profile instead (see docs/simulator.md)."""
+    if as_json and as_csv:
+        raise InputError("--json and --csv both given", where="compare", fix="choose one output format")
+    if providers is not None:
+        if policies is not None:
+            raise InputError("--policies and --providers both given", where="compare", fix="choose one")
+        _compare_providers(scenario, providers, as_json, as_csv, out, seed)
+        return
     from gpuscale.sim.scalers import compare_inference_file  # a scenario with inference models and scalers
 
     inference_policies = None if policies == ",".join(POLICIES) else policies
     if compare_inference_file(scenario, inference_policies, as_json, as_csv, out, seed):
         return
+    policies = policies or ",".join(POLICIES)
     names = [p.strip() for p in policies.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICIES]
     if unknown or not names:
         value = unknown[0][:60] if unknown else policies[:60]
         raise InputError("unknown policy", where="--policies", value=value, fix=f"use {', '.join(POLICIES)}")
-    if as_json and as_csv:
-        raise InputError("--json and --csv both given", where="compare", fix="choose one output format")
     scen = load_scenario(scenario)
     if seed is not None:
         scen = dataclasses.replace(scen, seed=seed)
@@ -274,3 +297,25 @@ def compare_command(
     click.echo(format_compare(rows, scen.name, shutil.get_terminal_size().columns))
     if out:
         click.echo(f"wrote {Path(out) / 'compare.json'}, {Path(out) / 'compare.png'}")
+
+
+def _compare_providers(
+    scenario: str, providers: str, as_json: bool, as_csv: bool, out: str | None, seed: int | None
+) -> None:
+    profiles = parse_providers(providers)
+    progress = not (as_json or as_csv) and sys.stderr.isatty()
+    rows, scenarios = provider_rows(
+        scenario, profiles, lambda scen: simulate_policy(scen, "gpuscale", show_progress=progress), seed
+    )
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "compare.json").write_text(json.dumps(rows, indent=2))
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    elif as_csv:
+        click.echo(providers_csv(rows), nl=False)
+    else:
+        title = next(iter(scenarios.values())).name
+        click.echo(format_providers(rows, title, shutil.get_terminal_size().columns))
+        if out:
+            click.echo(f"wrote {Path(out) / 'compare.json'}")

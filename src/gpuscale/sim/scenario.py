@@ -62,9 +62,10 @@ from gpuscale.manifests.fields import toleration
 from gpuscale.manifests.pools import read_pool
 from gpuscale.manifests.problems import Doc, ManifestError, did_you_mean
 from gpuscale.manifests.quantity import QUANTITY_HELP, cpu_milli, memory_mib
-from gpuscale.sim.cloud import CapacityRule, CloudBehaviour, Faults, TypeLatencies
+from gpuscale.sim.cloud import ApiRateLimit, CapacityRule, CloudBehaviour, Faults, TypeLatencies
 from gpuscale.sim.cluster import ClusterBehaviour
 from gpuscale.sim.engine import Dist
+from gpuscale.sim.profiles import PROFILES, CloudProfile, profile_of_catalog, retarget_pools
 from gpuscale.sim.workloads import (
     Arrival,
     PodShape,
@@ -83,6 +84,7 @@ TOP_FIELDS = (
     "inference",
 )  # fmt: skip
 CLOUD_FIELDS = (
+    "provider",
     "launchLatency",
     "registrationLatency",
     "devicePluginDelay",
@@ -93,6 +95,8 @@ CLOUD_FIELDS = (
     "quotaNodes",
     "spotInterruptionsPerHour",
     "spotNotice",
+    "spotProtection",
+    "apiRateLimit",
     "faults",
     "launchFailureRate",
     "gpuInitFailureRate",
@@ -100,6 +104,7 @@ CLOUD_FIELDS = (
 )
 TYPE_LATENCY_FIELDS = ("launchLatency", "registrationLatency", "devicePluginDelay")
 CAPACITY_FIELDS = ("instanceType", "zone", "capacityType", "maxNodes", "from", "until")
+RATE_FIELDS = ("burst", "perSecond")
 FAULT_FIELDS = ("rateLimited", "serverError", "timeout", "timeoutTookEffect", "retryAfter")
 CLUSTER_FIELDS = ("scorer", "gpuUtilization", "podDisruptionBudgets", "recordPodEvents")
 UTIL_FIELDS = ("busy", "noise")
@@ -176,6 +181,8 @@ class Scenario:
     """``policy.settle``: for controllers without timers, how long to keep reconciling after a change."""
     inference: Any = None
     """The ``inference`` section (:class:`gpuscale.sim.inference.InferenceSpec`): models scaled by their scalers."""
+    provider: str | None = None
+    """The provider profile (``cloud.provider``, or the one ``compare --providers`` ran it on); None: none."""
 
     def arrivals(self) -> list[Arrival]:
         """Every arrival of every workload source, merged in time order (pod keys must be unique)."""
@@ -332,17 +339,29 @@ class _V:
 
 
 # ---------------------------------------------------------------------------------------------------- readers
-def load_scenario(path: str | Path, *, catalog: Catalog | None = None) -> Scenario:
-    """Read and validate a scenario file. ``catalog`` overrides the file's ``catalog`` (tests, CLI flags)."""
+def load_scenario(
+    path: str | Path, *, catalog: Catalog | None = None, provider: CloudProfile | None = None
+) -> Scenario:
+    """Read and validate a scenario file. ``catalog`` overrides the file's ``catalog`` (tests, CLI flags);
+    ``provider`` runs it on that provider profile (see :func:`parse_scenario`)."""
     p = Path(path)
     text = read_text(p, what="scenario file")
-    return parse_scenario(text, source=str(p), base_dir=p.parent, catalog=catalog)
+    return parse_scenario(text, source=str(p), base_dir=p.parent, catalog=catalog, provider=provider)
 
 
 def parse_scenario(
-    text: str, *, source: str = "<scenario>", base_dir: Path | None = None, catalog: Catalog | None = None
+    text: str,
+    *,
+    source: str = "<scenario>",
+    base_dir: Path | None = None,
+    catalog: Catalog | None = None,
+    provider: CloudProfile | None = None,
 ) -> Scenario:
-    """Validate scenario YAML text; relative paths resolve against ``base_dir`` (default: the current directory)."""
+    """Validate scenario YAML text; relative paths resolve against ``base_dir`` (default: the current directory).
+
+    ``provider`` runs the scenario on that profile. When it is the scenario's own provider (``cloud.provider``, else
+    the one its catalog is from) nothing else changes. Otherwise the scenario's ``cloud`` section and its pools'
+    ``instanceTypes`` and ``zones`` (names of the other provider) are dropped, and the catalog is the profile's."""
     data, lines = load_yaml_lines(text, source)
     v = _V(source, lines)
     base = base_dir or Path.cwd()
@@ -351,10 +370,17 @@ def parse_scenario(
         raise v.fail("", "the scenario is empty", fix="see `gpuscale simulate --help` for the format")
     seed = v.integer(top.get("seed", 0), "seed", maximum=2**63 - 1)
     duration = v.duration(top["duration"], "duration") if top.get("duration") is not None else None
+    cloud_raw, pools_raw = top.get("cloud"), top.get("pools")
+    own = home = _own_profile(v, cloud_raw)
+    if provider is not None and own is None and catalog is None and top.get("catalog") is not None:
+        home = profile_of_catalog({it.provider for it in _catalog(v, top["catalog"], base).instance_types})
+    if provider is not None and provider != home:
+        cloud_raw, pools_raw = None, retarget_pools(v.listing(pools_raw, "pools"))
+        catalog, own = catalog or _catalog(v, provider.catalog, base), provider
     if catalog is None:
-        catalog = _catalog(v, top.get("catalog"), base)
-    pools = _pools(v, top.get("pools"), catalog, source)
-    cloud = _cloud(v, top.get("cloud"), catalog)
+        catalog = _catalog(v, own.catalog if own and top.get("catalog") is None else top.get("catalog"), base)
+    pools = _pools(v, pools_raw, catalog, source)
+    cloud = _cloud(v, cloud_raw, catalog, own.behaviour if own is not None else CloudBehaviour())
     cluster, pdbs = _cluster(v, top.get("cluster"))
     inference = None
     if top.get("inference") is not None:  # inference models and their scalers (gpuscale.sim.inference)
@@ -387,7 +413,18 @@ def parse_scenario(
         reconcile_interval_s=interval,
         settle_s=settle,
         inference=inference,
+        provider=getattr(own or home, "name", None),
     )
+
+
+def _own_profile(v: _V, raw: object) -> CloudProfile | None:
+    """The profile named by ``cloud.provider`` (None without one)."""
+    name = raw.get("provider") if isinstance(raw, dict) else None
+    if name is None:
+        return None
+    if not isinstance(name, str) or name not in PROFILES:
+        raise v.fail("cloud.provider", "unknown provider profile", name, f"use one of {', '.join(PROFILES)}")
+    return PROFILES[name]
 
 
 _TYPE_NAMES = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}
@@ -461,9 +498,12 @@ def _pools(v: _V, raw: object, catalog: Catalog, source: str) -> tuple[NodePool,
     return tuple(pools)
 
 
-def _cloud(v: _V, raw: object, catalog: Catalog) -> CloudBehaviour:
+def _cloud(v: _V, raw: object, catalog: Catalog, defaults: CloudBehaviour | None = None) -> CloudBehaviour:
+    """The ``cloud`` section over ``defaults`` (default: its ``provider``'s profile, else the simulator's defaults)."""
     m = v.mapping(raw, "cloud", CLOUD_FIELDS)
-    defaults = CloudBehaviour()
+    if defaults is None:
+        own = _own_profile(v, raw)
+        defaults = own.behaviour if own is not None else CloudBehaviour()
     types = catalog.by_name()
 
     def d(key: str, default: Dist) -> Dist:
@@ -513,22 +553,45 @@ def _cloud(v: _V, raw: object, catalog: Catalog) -> CloudBehaviour:
         timeout_took_effect=v.probability(f.get("timeoutTookEffect", 0.5), "cloud.faults.timeoutTookEffect"),
         retry_after_s=v.duration(f.get("retryAfter", 1.0), "cloud.faults.retryAfter"),
     )
-    quota = m.get("quotaNodes")
+    api_rate = defaults.api_rate
+    if m.get("apiRateLimit") is not None:
+        r = v.mapping(m["apiRateLimit"], "cloud.apiRateLimit", RATE_FIELDS)
+        if set(r) != set(RATE_FIELDS):
+            raise v.fail("cloud.apiRateLimit", "needs burst and perSecond", r, "e.g. {burst: 20, perSecond: 0.5}")
+        api_rate = ApiRateLimit(
+            v.number(r["burst"], "cloud.apiRateLimit.burst", minimum=1.0),
+            v.number(r["perSecond"], "cloud.apiRateLimit.perSecond"),
+        )
+    quota = m.get("quotaNodes", defaults.quota_nodes)
+
+    def num(key: str, default: float) -> float:
+        return v.number(m.get(key, default), f"cloud.{key}")
+
+    def prob(key: str, default: float) -> float:
+        return v.probability(m.get(key, default), f"cloud.{key}")
+
+    def dur(key: str, default: float) -> float:
+        return v.duration(m.get(key, default), f"cloud.{key}")
+
     return CloudBehaviour(
         launch_latency=d("launchLatency", defaults.launch_latency),
         registration_latency=d("registrationLatency", defaults.registration_latency),
         device_plugin_delay=d("devicePluginDelay", defaults.device_plugin_delay),
         deletion_latency=d("deletionLatency", defaults.deletion_latency),
-        per_type=per_type,
-        capacity=tuple(rules),
-        ice_probability=v.probability(m.get("iceProbability", 0.0), "cloud.iceProbability"),
+        per_type=per_type if "instanceTypes" in m else defaults.per_type,
+        capacity=tuple(rules) if "capacity" in m else defaults.capacity,
+        ice_probability=prob("iceProbability", defaults.ice_probability),
         quota_nodes=v.integer(quota, "cloud.quotaNodes") if quota is not None else None,
-        spot_interruptions_per_hour=v.number(m.get("spotInterruptionsPerHour", 0.0), "cloud.spotInterruptionsPerHour"),
-        spot_notice_s=v.duration(m.get("spotNotice", 120.0), "cloud.spotNotice"),
-        faults=faults,
-        launch_failure_rate=v.probability(m.get("launchFailureRate", 0.0), "cloud.launchFailureRate"),
-        gpu_init_failure_rate=v.probability(m.get("gpuInitFailureRate", 0.0), "cloud.gpuInitFailureRate"),
-        max_nodes_per_launch=v.integer(m.get("maxNodesPerLaunch", 100), "cloud.maxNodesPerLaunch", minimum=1),
+        spot_interruptions_per_hour=num("spotInterruptionsPerHour", defaults.spot_interruptions_per_hour),
+        spot_notice_s=dur("spotNotice", defaults.spot_notice_s),
+        spot_protection_s=dur("spotProtection", defaults.spot_protection_s),
+        faults=faults if "faults" in m else defaults.faults,
+        launch_failure_rate=prob("launchFailureRate", defaults.launch_failure_rate),
+        gpu_init_failure_rate=prob("gpuInitFailureRate", defaults.gpu_init_failure_rate),
+        max_nodes_per_launch=v.integer(
+            m.get("maxNodesPerLaunch", defaults.max_nodes_per_launch), "cloud.maxNodesPerLaunch", minimum=1
+        ),
+        api_rate=api_rate,
     )
 
 
