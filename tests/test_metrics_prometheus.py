@@ -78,6 +78,7 @@ def controller() -> Iterator[tuple[str, set[str]] | None]:
     m.launches.labels("a100").inc(2)
     m.failures.labels("a100", "LaunchTimeout").inc()
     m.pending.set(3)
+    m.observe_scalers({("ml", "llm"): (4, 2)}, {("ml", "shared", "llama"): 4})
     text = prometheus_client.generate_latest(m.registry).decode()
     exported = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
     server, _ = prometheus_client.start_http_server(0, addr="127.0.0.1", registry=m.registry)

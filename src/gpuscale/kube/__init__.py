@@ -3,7 +3,8 @@
 * :mod:`.client`: lightkube's async client on its own loop with a synchronous face, kubeconfig/service account;
 * :mod:`.cache`: list-then-watch of pods, nodes, PDBs, DaemonSets and gpuscale's CRDs (relist on 410 Gone);
 * :mod:`.backend`: the controller's :class:`~gpuscale.controller.backend.ClusterBackend` on that cache;
-* :mod:`.events`: Kubernetes Events for decisions; :mod:`.kwok`: the kwok provider; :mod:`.command`: the command.
+* :mod:`.events`: Kubernetes Events for decisions; :mod:`.kwok`: the kwok provider; :mod:`.command`: the command;
+* :mod:`.scalers`: GPUWorkloadScalers and GPUBudgets reconciled, targets scaled through :mod:`.scale_client`.
 """
 
 API_VERBS: tuple[tuple[str, str], ...] = (
@@ -29,10 +30,24 @@ API_VERBS: tuple[tuple[str, str], ...] = (
     ("watch", "gpunodeclaims.gpuscale.io"),
     ("list", "offeringavailabilities.gpuscale.io"),
     ("watch", "offeringavailabilities.gpuscale.io"),
+    ("list", "gpuworkloadscalers.gpuscale.io"),
+    ("watch", "gpuworkloadscalers.gpuscale.io"),
+    ("patch", "gpuworkloadscalers.gpuscale.io/status"),
+    ("list", "gpubudgets.gpuscale.io"),
+    ("watch", "gpubudgets.gpuscale.io"),
+    ("patch", "gpubudgets.gpuscale.io/status"),
+    ("get", "deployments.apps/scale"),
+    ("patch", "deployments.apps/scale"),
+    ("get", "statefulsets.apps/scale"),
+    ("patch", "statefulsets.apps/scale"),
+    ("get", "replicasets.apps/scale"),
+    ("patch", "replicasets.apps/scale"),
 )
 """Every (verb, resource) the adapter and the kwok provider use, as RBAC names them (``plural.group`` and
-``plural/subresource``). ``create nodes`` and ``patch nodes/status`` are the kwok provider's only. The RBAC test of
-the deployment checks the ClusterRole against this list; the end-to-end tests check the adapter uses nothing else."""
+``plural/subresource``). ``create nodes`` and ``patch nodes/status`` are the kwok provider's only; the scalers,
+budgets and ``scale`` subresources are :mod:`.scalers`' (a workload of another kind needs its own grant). The RBAC
+test of the deployment checks the ClusterRole against this list; the end-to-end tests check the adapter uses nothing
+else."""
 
 PREFLIGHT_VERBS: tuple[tuple[str, str], ...] = (("create", "selfsubjectaccessreviews.authorization.k8s.io"),)
 """What ``gpuscale controller`` asks at start-up to name a missing permission before acting; Kubernetes grants it to

@@ -32,6 +32,8 @@ from gpuscale.kube.endpoints import ProcessEndpoints
 from gpuscale.kube.events import EventRecorder
 from gpuscale.kube.kwok import KwokConfig, KwokProvider
 from gpuscale.kube.matching import ProviderIdMatcher
+from gpuscale.kube.scalers import ScalerReconciler
+from gpuscale.metrics.prometheus import MetricSource
 from gpuscale.providers.base import Provider
 
 __all__ = ["ControllerProcess", "check_access", "controller_command"]
@@ -101,6 +103,11 @@ class ControllerProcess:
     endpoints: ProcessEndpoints | None = None
     """Leader election, probes and metrics (part of the deployment); None runs without them."""
     stop: threading.Event = field(default_factory=threading.Event)
+    scalers_enabled: bool = True
+    """Reconcile GPUWorkloadScalers and GPUBudgets too (:mod:`gpuscale.kube.scalers`)."""
+    metric_sources: Callable[[str], MetricSource] | None = None
+    """A trigger's serverAddress -> its metric source (default: a Prometheus client per address)."""
+    scalers: ScalerReconciler | None = field(default=None, init=False)
     rounds: int = 0
     cache: KubeCache = field(init=False)
     backend: KubeBackend = field(init=False)
@@ -116,6 +123,9 @@ class ControllerProcess:
                 check_access(self.client, pairs)
             self.cache = KubeCache(self.client).start()
             self.cache.wait_synced(sync_timeout_s)
+            if self.scalers_enabled:
+                self.scalers = ScalerReconciler(self.client, self.cache, self.clock, self.metric_sources)
+                self.scalers.start(sync_timeout_s)
         except KubeError as exc:
             raise _setup_error(exc) from exc
         self.backend = KubeBackend(
@@ -168,6 +178,10 @@ class ControllerProcess:
                 self.controller.pools = {p.name: p for p in pools}
             self._pools_version = self.cache.version
         started = time.perf_counter()
+        if self.scalers is not None and self.scalers.healthy:
+            self.scalers.reconcile()
+            if self.endpoints is not None:
+                self.endpoints.metrics.observe_scalers(self.scalers.replicas, self.scalers.granted_gpus)
         result = self.controller.reconcile()
         self.rounds += 1
         if self.endpoints is not None:
@@ -184,6 +198,9 @@ class ControllerProcess:
             ran = self.step()
             wait = self.interval_s
             wake = self.controller.next_wakeup() if ran else None
+            due = self.scalers.next_due() if ran and self.scalers is not None else None
+            if due is not None:
+                wake = due if wake is None else min(wake, due)
             if wake is not None:
                 wait = max(0.0, min(wait, wake - self.clock.now()))
             if max_rounds is not None and (
@@ -200,6 +217,8 @@ class ControllerProcess:
         self.stop.set()
         if self.endpoints is not None:
             self.endpoints.close()
+        if self.scalers is not None:
+            self.scalers.close()
         if hasattr(self, "cache"):
             self.cache.stop()
             self.backend.events.flush(2)
@@ -235,6 +254,12 @@ class ControllerProcess:
 )
 @click.option("--bind-address", default="0.0.0.0", show_default=True, help="Address of the metrics and probe ports.")
 @click.option("--once", is_flag=True, help="Check access, sync, reconcile until nothing is due soon, and exit.")
+@click.option(
+    "--scalers/--no-scalers",
+    default=True,
+    show_default=True,
+    help="Reconcile GPUWorkloadScalers and GPUBudgets (their CRDs must be installed).",
+)
 def controller_command(
     kubeconfig: str | None,
     context: str | None,
@@ -250,6 +275,7 @@ def controller_command(
     leader_elect: bool,
     bind_address: str,
     once: bool,
+    scalers: bool,
 ) -> None:
     """Run gpuscale as a controller in (or against) a Kubernetes cluster."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -267,6 +293,7 @@ def controller_command(
         pools=pools,
         interval_s=interval,
         kwok=KwokConfig(device_plugin_delay_s=device_plugin_delay),
+        scalers_enabled=scalers,
     )
     try:
         proc.start()

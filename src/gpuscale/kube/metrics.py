@@ -15,7 +15,11 @@ gauges and adds to the counters. ``/metrics`` serves :attr:`ControllerMetrics.re
 * ``gpuscale_hourly_cost_dollars`` {pool}: what the pool's nodes cost per hour (nodes that exist at the provider);
 * ``gpuscale_gpr_queue_length``; ``gpuscale_gpr_wait_seconds``: a histogram of how long each GPR queued, observed
   when it leaves the queue;
-* ``gpuscale_reconcile_seconds``: a histogram of round durations.
+* ``gpuscale_reconcile_seconds``: a histogram of round durations;
+* ``gpuscale_scaler_desired_replicas`` / ``gpuscale_scaler_current_replicas`` {namespace, scaler}: each
+  GPUWorkloadScaler's target replicas (after its budget) and its target's replicas when polled;
+  ``gpuscale_budget_granted_gpus`` {namespace, budget, model}: GPUs each GPUBudget grants a model
+  (:meth:`ControllerMetrics.observe_scalers`, from :class:`gpuscale.kube.scalers.ScalerReconciler`).
 """
 
 from __future__ import annotations
@@ -161,8 +165,28 @@ class ControllerMetrics:
         self.round_seconds = Histogram(
             "gpuscale_reconcile_seconds", "Duration of a reconcile round.", buckets=ROUND_BUCKETS, registry=r
         )
+        scaler = ["namespace", "scaler"]
+        self.scaler_desired = Gauge("gpuscale_scaler_desired_replicas", h("gpuscale_scaler_desired_replicas"),
+                                    scaler, registry=r)  # fmt: skip
+        self.scaler_current = Gauge("gpuscale_scaler_current_replicas", h("gpuscale_scaler_current_replicas"),
+                                    scaler, registry=r)  # fmt: skip
+        self.budget_granted = Gauge("gpuscale_budget_granted_gpus", h("gpuscale_budget_granted_gpus"),
+                                    ["namespace", "budget", "model"], registry=r)  # fmt: skip
         self._last: Measurement | None = None
-        self._series: dict[str, set[tuple[str, ...]]] = {"nodes": set(), "gpus": set(), "cost": set()}
+        self._series: dict[str, set[tuple[str, ...]]] = {
+            "nodes": set(), "gpus": set(), "cost": set(), "desired": set(), "current": set(), "granted": set(),
+        }  # fmt: skip
+
+    def observe_scalers(
+        self,
+        replicas: Mapping[tuple[str, str], tuple[int, int]],
+        granted_gpus: Mapping[tuple[str, str, str], int],
+    ) -> None:
+        """Set the scaler and budget gauges: (namespace, scaler) -> (desired, current) and (namespace, budget,
+        model) -> GPUs granted. Scalers and grants no longer present lose their series."""
+        self._set(self.scaler_desired, "desired", {k: float(d) for k, (d, _) in replicas.items()})
+        self._set(self.scaler_current, "current", {k: float(c) for k, (_, c) in replicas.items()})
+        self._set(self.budget_granted, "granted", {k: float(v) for k, v in granted_gpus.items()})
 
     def observe(
         self,

@@ -45,10 +45,8 @@ CONTROLLER = MappingProxyType(
 )
 """Controller metric names the dashboard and rules use (base names; histograms add _bucket/_sum/_count)."""
 
-PLANNED = frozenset(
-    {"gpuscale_scaler_desired_replicas", "gpuscale_scaler_current_replicas", "gpuscale_budget_granted_gpus"}
-)
-"""Names in :data:`CONTROLLER` the controller does not export yet (the in-cluster scaler and budget reconcile)."""
+PLANNED: frozenset[str] = frozenset()
+"""Names in :data:`CONTROLLER` the controller does not export yet (none: the scaler and budget metrics are live)."""
 
 
 def known(name: str) -> bool:
