@@ -196,3 +196,14 @@ def test_narrow_terminal_gets_one_block_per_provider() -> None:
     text = format_providers([row], "t", width=40)
     assert max(len(line) for line in text.splitlines()[3:]) <= 40 and "  cost $" in text
     assert [p.name for p in parse_providers(" gke , ack ")] == ["gke", "ack"]
+
+
+def test_gpr_scenarios_take_a_provider_profile_too() -> None:
+    from gpuscale.sim.gpr.scenario import load_gpr_scenario, parse_gpr_scenario
+
+    example = ROOT / "src" / "gpuscale" / "examples" / "gpr-scenario.yaml"
+    text = example.read_text().replace("\ncloud:\n", "\ncloud:\n  provider: lke\n  iceProbability: 0.1\n", 1)
+    scen = parse_gpr_scenario(text, source="gpr.yaml", base_dir=example.parent)
+    plain = load_gpr_scenario(example)
+    assert scen.cloud.api_rate == PROFILES["lke"].behaviour.api_rate and plain.cloud.api_rate is None
+    assert scen.cloud.ice_probability == 0.1 and scen.cloud.launch_latency == plain.cloud.launch_latency
