@@ -255,3 +255,15 @@ def test_compare_command_on_the_shipped_example(tmp_path: pytest.TempPathFactory
     assert len(res.output.splitlines()) == 4
     res = runner.invoke(main, ["compare", str(path), "--policies", "karpenter"])
     assert res.exit_code == 2 and "hpa-cpu" in res.output
+
+
+def test_simulate_runs_the_budget_policy(tmp_path: pytest.TempPathFactory) -> None:
+    path = tmp_path / "one.yaml"  # type: ignore[operator]
+    path.write_text(ONE.replace("duration: 1h", "duration: 20m"))
+    runner = CliRunner()
+    res = runner.invoke(main, ["simulate", str(path), "--json"])
+    assert res.exit_code == 0, res.output
+    row = json.loads(res.output)
+    assert row["policy"] == "gpuscale-budget" and row["models"]["a"]["replicasMax"] >= 2
+    res = runner.invoke(main, ["simulate", str(path), "--policy", "karpenter"])
+    assert res.exit_code == 2 and "compare --policies" in res.output

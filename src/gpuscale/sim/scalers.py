@@ -423,3 +423,24 @@ def compare_inference_file(path: str, policies: str | None, as_json: bool, as_cs
         if out:
             click.echo(f"wrote {Path(out) / 'compare.json'}")
     return True
+
+
+def simulate_inference(scenario: Scenario, policy: str | None, as_json: bool, out: str | None) -> None:
+    """``gpuscale simulate`` on a scenario with an ``inference`` section: the ``gpuscale-budget`` policy, reported
+    as one ``compare`` row (the other policies: ``gpuscale compare --policies``)."""
+    import json
+    from pathlib import Path
+
+    import click
+
+    if policy is not None:
+        fix = f"drop --policy, or run gpuscale compare --policies {','.join(INFERENCE_POLICIES)}"
+        raise InputError("--policy names a node policy; a scenario with an inference section runs gpuscale-budget",
+                         where="--policy", value=policy, fix=fix)  # fmt: skip
+    spec = spec_of(scenario)
+    assert spec is not None
+    rows = [run_inference(scenario, spec, "gpuscale-budget").row()]
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "report.json").write_text(json.dumps(rows[0], indent=2))
+    click.echo(json.dumps(rows[0], indent=2) if as_json else format_inference(rows, scenario.name))
