@@ -99,7 +99,11 @@ EKS = CloudProfile(
             "assumption: boot and nodeadm join in about a minute; the "
             "EKS-optimized accelerated AMI ships the NVIDIA driver, so only the device plugin has to start",
         ),
-        ("deletion 0 s", "documented: EC2 stops billing when an instance enters shutting-down"),
+        (
+            "deletion 0 s",
+            "documented: EC2 does not bill shutting-down instances (nor pending ones, which the simulator bills from "
+            "launch: about 20 s per node too much)",
+        ),
         ("capacity errors 2% of launches", "assumption: InsufficientInstanceCapacity rates are not published"),
         (
             "spot: 5% interrupted per month, notice 2 min",
