@@ -2,7 +2,8 @@
 
 Starts the Kubernetes API emulator (``gpuscale.fakes.kube_api``) with ``--nodes`` CPU nodes running ``--pods`` pods,
 then runs ``gpuscale controller --provider kwok`` as a separate process against it and creates pending GPU pods in
-``--bursts`` bursts of ``--burst-size`` (each marked Unschedulable at once, as the scheduler would). Reports:
+``--bursts`` bursts of ``--burst-size`` (each marked Unschedulable at once, as the scheduler would, and bound to a new
+kwok node once one with its GPU allocatable appears). Reports:
 
 * time from a pod's creation to the launch made for it (the ``TriggeredScaleUp`` Event the controller writes right
   after the launch call), p50 and p99 over every burst pod; this includes the controller's batching window
@@ -126,6 +127,34 @@ def burst(server: KubeAPIServer, index: int, size: int) -> list[tuple[str, float
     return made
 
 
+def bind_new_nodes(server: KubeAPIServer, bound: set[str], used: set[str]) -> None:
+    """Play the scheduler for the burst pods: bind each pending one to a kwok node nobody uses yet (one GPU each)."""
+    em = server.emulator
+    nodes_rt, pods_rt = server._rt("nodes"), server._rt("pods")
+
+    def free_nodes() -> list[str]:
+        return sorted(
+            o["metadata"]["name"]
+            for o in em._select(nodes_rt, None)
+            if (o["metadata"].get("labels") or {}).get("type") == "kwok"
+            and str(((o.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu", "0")) != "0"
+            and o["metadata"]["name"] not in used
+        )
+
+    def waiting() -> list[str]:
+        return sorted(
+            o["metadata"]["name"]
+            for o in em._select(pods_rt, "ml")
+            if not (o.get("spec") or {}).get("nodeName") and o["metadata"]["name"] not in bound
+        )
+
+    for pod, node in zip(server.call(waiting), server.call(free_nodes), strict=False):
+        server.patch("pods", pod, {"spec": {"nodeName": node}}, namespace="ml")
+        server.patch("pods", pod, {"status": {"phase": "Running"}}, namespace="ml", status=True)
+        bound.add(pod)
+        used.add(node)
+
+
 def launch_latencies(server: KubeAPIServer, made: list[tuple[str, float]]) -> tuple[list[float], int]:
     """Seconds from each pod's creation to its TriggeredScaleUp Event; and how many pods have none."""
     events = server.items("events", "ml")
@@ -222,10 +251,17 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.2)
         synced_s = time.monotonic() - t0 - setup_s
         made: list[tuple[str, float]] = []
+        bound: set[str] = set()
+        used: set[str] = set()
         for b in range(args.bursts):
             made += burst(server, b, args.burst_size)
-            time.sleep(args.gap)
-        time.sleep(3)
+            end = time.monotonic() + args.gap
+            while time.monotonic() < end:  # the scheduler: bind pods as their nodes appear
+                time.sleep(0.25)
+                bind_new_nodes(server, bound, used)
+        for _ in range(12):
+            time.sleep(0.25)
+            bind_new_nodes(server, bound, used)
         latencies, missing = launch_latencies(server, made)
         metrics = scrape(metrics_port)
         rss = peak_rss_mb(proc.pid)
@@ -249,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         if latencies
         else None,
         "pods_without_launch": missing,  # none expected: each pod needs a node of its own
+        "pods_bound": len(bound),
         "rounds": int(rounds),
         "round_mean_s": round(metrics.get("gpuscale_reconcile_seconds_sum", 0.0) / rounds, 4) if rounds else None,
         "round_p50_le_s": _quantile_from_buckets(metrics, 0.5),

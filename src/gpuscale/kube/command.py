@@ -134,6 +134,7 @@ class ControllerProcess:
         self.backend.events.cache = self.cache
         self.provider = self._provider()
         _warm_up()
+        self.backend.list_pods()  # convert every cached pod once now, not in the first round
         self.controller = Controller(
             self.backend, self.provider, self._current_pools(), self.catalog, self.clock, self.config
         )
@@ -143,7 +144,7 @@ class ControllerProcess:
         if self.provider_factory is not None:
             return self.provider_factory()
         if self.provider_name == "kwok":
-            return KwokProvider(self.client, self.catalog, self.clock, self.kwok)
+            return KwokProvider(self.client, self.catalog, self.clock, self.kwok, cache=self.cache)
         if self.provider_name == "sim":
             raise InputError(
                 "the simulated cloud cannot add nodes to a live cluster",

@@ -27,7 +27,7 @@ from gpuscale.core.model import CapacityType, Catalog
 from gpuscale.core.nodeclaim import REQUEST_ID_LABEL
 from gpuscale.core.resources import GPU_RESOURCE
 from gpuscale.errors import InsufficientCapacity, InvalidProviderRequest, QuotaExceeded, TransientProviderError
-from gpuscale.kube.cache import raw
+from gpuscale.kube.cache import KubeCache, raw
 from gpuscale.kube.client import KubeClient, KubeError
 from gpuscale.providers.base import (
     CloudNode,
@@ -65,9 +65,17 @@ class KwokProvider:
     name = "kwok"
 
     def __init__(
-        self, client: KubeClient, catalog: Catalog, clock: Clock | None = None, config: KwokConfig | None = None
+        self,
+        client: KubeClient,
+        catalog: Catalog,
+        clock: Clock | None = None,
+        config: KwokConfig | None = None,
+        *,
+        cache: KubeCache | None = None,
     ) -> None:
         self.client = client
+        self.cache = cache
+        """When given, ``list_nodes`` reads the watched Nodes instead of listing them from the API server."""
         self.catalog = catalog
         self.clock = clock or SystemClock()
         self.config = config or KwokConfig()
@@ -173,7 +181,14 @@ class KwokProvider:
                 raise TransientProviderError(exc.describe(), provider=self.name, status=exc.status or None) from exc
 
     def list_nodes(self) -> Sequence[CloudNode]:
-        nodes = self._list(f"{PROVIDER_LABEL}=kwok")
+        if self.cache is not None and self.cache.healthy:
+            nodes = [
+                n
+                for n in self.cache.objects("nodes")
+                if (n["metadata"].get("labels") or {}).get(PROVIDER_LABEL) == "kwok"
+            ]
+        else:
+            nodes = self._list(f"{PROVIDER_LABEL}=kwok")
         now = self.clock.now()
         for n in nodes:
             self._maybe_init_gpus(n, now)
