@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -101,6 +102,9 @@ class InstantCluster:
     def bound_at(self, key: str) -> float | None:
         return self.bound.get(key)
 
+    def list_pods(self) -> list[SimpleNamespace]:
+        return [SimpleNamespace(key=k, node_name=f"node-{k}") for k in self.bound]  # one node per replica
+
 
 def drive(text: str, policy: str, end: float) -> InferenceDriver:
     engine = Engine()
@@ -170,6 +174,24 @@ def test_metrics_per_ready_replica() -> None:
     assert m.metrics(9.0, 0)["DCGM_FI_DEV_GPU_UTIL"] == 0
 
 
+def test_trigger_values_from_the_dcgm_shortcut_queries() -> None:
+    from gpuscale.manifests.scaler import DCGM_SHORTCUTS
+    from gpuscale.sim.inference import trigger_value
+
+    m = spec_of(ONE).models[0]
+    per_pod = m.metrics(3.0, 4)  # u = 0.75
+    sel = 'namespace="inference",pod=~"a-.*"'
+    q = {k: t.format(sel=sel) for k, (t, _) in DCGM_SHORTCUTS.items()}
+    assert trigger_value(q["DCGM_FI_DEV_GPU_UTIL"], per_pod, 4, True) == pytest.approx(75)
+    assert trigger_value(q["DCGM_FI_PROF_GR_ENGINE_ACTIVE"], per_pod, 4, True) == pytest.approx(100 * 0.95 * 0.75)
+    assert trigger_value(q["DCGM_FI_DEV_MEM_COPY_UTIL"], per_pod, 4, True) == pytest.approx(30)
+    used = m.gpu_memory.weights_mib + 0.75 * m.gpu_memory.kv_cache_mib
+    assert trigger_value(q["memory-pressure"], per_pod, 4, True) == pytest.approx(100 * used / m.gpu_memory.total_mib)
+    # an External metric summed over the ready pods (KEDA AverageValue divides it by the threshold)
+    assert trigger_value(f"sum(DCGM_FI_DEV_GPU_UTIL{{{sel}}})", per_pod, 4, False) == pytest.approx(300)
+    assert trigger_value(q["DCGM_FI_DEV_GPU_UTIL"], per_pod, 0, True) is None  # no pod reports: empty
+
+
 # ------------------------------------------------------------------------------------------------ policies, by hand
 ONE = scenario_text(MODEL_A, SCALER.format(name="a", max=8, priority=1))
 
@@ -182,6 +204,8 @@ def test_keda_dcgm_steps_match_hand_computation() -> None:
     d = drive(ONE, "keda-dcgm", 136)
     replicas = [n for _, n, _, _ in d.runs["a"].timeline]
     assert replicas == [1, 1, 1, 1, 1, 2, 4, 6, 6, 6]
+    assert [ready for _, _, ready, _ in d.runs["a"].timeline] == replicas  # bound at once, no cold start
+    assert d.runs["a"].max_nodes == 6
 
 
 def test_hpa_on_cpu_under_scales() -> None:

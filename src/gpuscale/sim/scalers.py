@@ -60,6 +60,8 @@ class ModelRun:
     replica_s: float = 0.0
     requests: float = 0.0
     max_replicas: int = 0
+    max_nodes: int = 0
+    """Most nodes holding this model's replicas at once."""
     timeline: list[tuple[float, int, int, float]] = field(default_factory=list)
     """(t, replicas, ready, requests/s) per step."""
 
@@ -102,8 +104,10 @@ class InferenceDriver:
     def tick(self) -> None:
         now, dt = self.engine.now(), self.spec.step_s
         readings: dict[str, tuple[dict[str, float | None], PodCounts, float]] = {}
+        where = {p.key: p.node_name for p in self.cluster.list_pods() if p.node_name}
         for name, run in self.runs.items():
             readings[name] = self._observe(run, now, dt)
+            run.max_nodes = max(run.max_nodes, len({where[k] for k in run.pods if k in where}))
         desired = {name: self._desired(run, *readings[name], now) for name, run in self.runs.items()}
         if self.policy == "gpuscale-budget":
             desired = self._arbitrate(desired)
@@ -243,6 +247,7 @@ class InferenceResult:
                 "replicasAvg": round(run.replica_s / horizon, 3),
                 "replicasMax": run.max_replicas,
                 "gpusMax": run.max_replicas * run.model.shape.gpus,
+                "nodesMax": run.max_nodes,
                 "queueDelayP95s": _finite(p95),
                 "slaQueueDelayS": run.model.sla_queue_delay_s,
                 "slaMet": p95 <= run.model.sla_queue_delay_s,
@@ -325,8 +330,9 @@ _SUMMARY = (("policy", "policy", ""), ("cost $", "costUsd", ",.2f"), ("GPU-h", "
             ("used", "gpuHoursUsed", ",.1f"), ("nodes", "nodesLaunched", "d"),
             ("p95 delay s", "queueDelayP95s", ".2f"), ("SLA", "slaMet", ""),
             ("pend p95", "replicaPendingP95s", ".0f"))  # fmt: skip
-_PER_MODEL = (("policy", "policy", ""), ("model", "model", ""), ("repl avg", "replicasAvg", ".1f"),
-              ("max", "replicasMax", "d"), ("GPUs", "gpusMax", "d"), ("GPU-h", "gpuHours", ",.1f"),
+_PER_MODEL = (("policy", "policy", ""), ("model", "model", ""), ("repl", "replicasAvg", ".1f"),
+              ("max", "replicasMax", "d"), ("GPUs", "gpusMax", "d"),
+              ("nodes", "nodesMax", "d"), ("GPU-h", "gpuHours", ",.1f"),
               ("p95 delay", "queueDelayP95s", ".2f"), ("SLA", "slaMet", ""))  # fmt: skip
 _ARBITER = (("policy", "policy", ""), ("arbitrations", "arbitrations", "d"), ("refused", "refusedReplicas", "d"),
             ("lends", "lends", "d"), ("reclaims", "reclaims", "d"), ("max GPUs", "maxUsedGPUs", "d"),
@@ -360,7 +366,8 @@ def format_inference(rows: Sequence[Mapping[str, Any]], title: str) -> str:
     arbiter = [{"policy": r["policy"], **r["arbiter"]} for r in rows if r["arbiter"]["arbitrations"]]
     out = [f"{title}: workload scaling policies on the same request curves",
            "(cost USD; GPU-h bought, used by replicas;",
-           "delay: queueing delay, the SLA proxy; pend: replica wait for a node, s)", ""]  # fmt: skip
+           "delay: queueing delay, the SLA proxy; pend: replica wait for a node, s;",
+           "per model: repl = average replicas; max replicas, GPUs and nodes at once)", ""]  # fmt: skip
     blocks = [_table(_SUMMARY, rows), _table(_PER_MODEL, per_model)]
     if arbiter:
         blocks.append(["GPU budget arbiter:", *_table(_ARBITER, arbiter)])
