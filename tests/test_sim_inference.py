@@ -252,6 +252,10 @@ def test_scenario_errors_name_the_field() -> None:
         parse_scenario(bad)
     with pytest.raises(InputError, match="no GPUWorkloadScaler or ScaledObject named 'zz'"):
         parse_scenario(ONE.replace("    - name: a\n", "    - name: a\n      scaler: zz\n"))
+    with pytest.raises(InputError, match=r"inference\.scalers: file not found"):
+        parse_scenario(ONE[: ONE.index("  scalers:")] + "  scalers: nothere.yaml\n")
+    with pytest.raises(InputError, match=r"inference\.scalers:7 \(document 1, GPUBudget shared\) spec\.totalGPUs"):
+        parse_scenario(ONE.replace("totalGPUs: 3", "totalGPUs: -1"))
     with pytest.raises(InputError, match="needs a duration"):
         from gpuscale.sim.scalers import run_inference
 

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from gpuscale.errors import InputError
 from gpuscale.manifests.scaler import ScalerFile, ScalerManifest, load_scalers, parse_scalers
 from gpuscale.sim.engine import stream
 from gpuscale.sim.workloads import PodShape
@@ -325,16 +324,14 @@ def _positive(v: _V, raw: object, path: str) -> float:
 def _scaler_file(v: _V, raw: object, base: Path) -> ScalerFile:
     if isinstance(raw, str):
         p = Path(raw) if Path(raw).is_absolute() else base / raw
+        if not p.is_file():
+            raise v.fail("inference.scalers", "file not found", raw, f"a path relative to the scenario's folder {base}")
         return load_scalers(p)
     docs = v.listing(raw, "inference.scalers")
     if not docs:
         raise v.fail("inference.scalers", "required: a file of GPUWorkloadScalers/ScaledObjects/GPUBudgets, or "
                      "those documents inline as a list", fix="e.g. scalers: scalers.yaml")  # fmt: skip
-    text = yaml.safe_dump_all(docs, sort_keys=False)
-    try:
-        return parse_scalers(text, source=f"{v.where('inference.scalers')}")
-    except InputError as exc:
-        raise InputError(exc.reason, where=exc.where, value=exc.value, fix=exc.fix) from None
+    return parse_scalers(yaml.safe_dump_all(docs, sort_keys=False), source=v.where("inference.scalers"))
 
 
 def _rate(v: _V, raw: object, path: str) -> RateCurve:
