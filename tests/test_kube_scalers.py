@@ -70,6 +70,7 @@ def test_a_spec_with_problems_is_reported_once_and_nothing_is_scaled(fake: FakeW
     fake.server.create("gpuworkloadscalers", bad, namespace="ml")
     fake.round(1)
     fake.round(5)
+    assert fake.proc.scalers is not None and fake.proc.scalers.next_due() is None
     st = fake.status("gpuworkloadscalers", "llm")
     assert _conditions(st) == {"ScalingActive": ("False", "InvalidSpec")}
     (event,) = fake.events("InvalidSpec")
@@ -83,7 +84,17 @@ def test_a_missing_target_is_a_failed_get_scale(fake: FakeWorld) -> None:
     fake.round(1)
     st = fake.status("gpuworkloadscalers", "ghost")
     assert _conditions(st) == {"AbleToScale": ("False", "FailedGetScale")}
-    assert "deployments" in fake.events("FailedGetScale")[0]["message"]
+    (event,) = fake.events("FailedGetScale")
+    assert "deployments" in event["message"]
+    proc = fake.proc
+    assert proc.scalers is not None and proc.scalers.next_due() == fake.clock.now() + 5, "retried a poll later"
+    gets = [r for r in fake.server.requests() if r == ("get", "deployments.apps/scale")]
+    fake.round(1)
+    assert [r for r in fake.server.requests() if r == ("get", "deployments.apps/scale")] == gets
+    fake.server.create("deployments", deployment("ghost"), namespace="ml")
+    fake.round(4)
+    assert fake.replicas("ghost") == 4, "found at the retry and scaled: 500 / 50 per replica, at most 4"
+    assert _conditions(fake.status("gpuworkloadscalers", "ghost"))["AbleToScale"] == ("True", "SucceededRescale")
 
 
 def test_a_statefulset_holds_fallback_replicas_while_its_query_fails(fake: FakeWorld) -> None:

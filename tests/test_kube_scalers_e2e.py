@@ -223,9 +223,11 @@ def test_load_in_prometheus_scales_the_deployment_and_its_pending_pods_get_nodes
         assert (st["currentReplicas"], st["desiredReplicas"]) == (1, 1), st["reason"]
         assert "within tolerance" in st["reason"]
         assert _condition(st, "ScalingActive") == ("True", "ValidMetricFound")
+        gets = server.requests().count(("get", "deployments.apps/scale"))
         for _ in range(4):
             world.round(1)  # not due before pollingInterval (5 s): nothing is read or scaled
         assert world.replicas("llm") == 1
+        assert server.requests().count(("get", "deployments.apps/scale")) == gets, "no GET of the scale between polls"
         wait_for(lambda: client.value(QUERY) == 200, timeout=LOW_S + 5)
         world.round(1)  # due: 200 / 50 per replica -> 4
     assert world.replicas("llm") == 4

@@ -89,6 +89,10 @@ class _Memory:
     written: Obj | None = None
     """The status last written (a write that would change nothing is skipped)."""
     interval_s: float = 30.0
+    scale: Scale | None = None
+    """The target's scale as last read or written: between polls the round uses it instead of a GET."""
+    retry_at: float | None = None
+    """After a failed read of the target's scale, when to try again (one ``pollingInterval`` later)."""
 
 
 class ObjectEvents:
@@ -212,9 +216,12 @@ class ScalerReconciler:
             mem = self._memory.get(key)
             if key in self._invalid:
                 continue
-            if mem is None or mem.state.last_poll is None:
+            if mem is not None and mem.retry_at is not None:
+                times.append(mem.retry_at)
+            elif mem is None or mem.state.last_poll is None:
                 return self.clock.now()
-            times.append(mem.state.last_poll + mem.interval_s)
+            else:
+                times.append(mem.state.last_poll + mem.interval_s)
         return min(times, default=None)
 
     # ------------------------------------------------------------------ the round
@@ -280,16 +287,26 @@ class ScalerReconciler:
             mem = _Memory(uid, state_from_status(st.get("scalerState")), st.get("desiredReplicas"),
                           st.get("lastScaleTime"))  # fmt: skip
             self._memory[key] = mem
-        api_version = ((obj.get("spec") or {}).get("scaleTargetRef") or {}).get("apiVersion")
-        try:
-            scale = self.scales.get(manifest.target_kind, api_version, ns, manifest.target_name)
-        except KubeError as exc:
-            message = f"cannot read the scale of {manifest.target_kind} {manifest.target_name}: {exc.describe()}"
-            self._write_status(obj, key, {"conditions": [
-                Condition("AbleToScale", "False", "FailedGetScale", message).to_dict()]})  # fmt: skip
-            self.events.emit(obj, "FailedGetScale", "Warning", message)
+        if mem.retry_at is not None and now < mem.retry_at:
             return None
-        readings = self._read(manifest) if due(manifest.spec, mem.state, now) else None
+        is_due = due(manifest.spec, mem.state, now)
+        api_version = ((obj.get("spec") or {}).get("scaleTargetRef") or {}).get("apiVersion")
+        scale = mem.scale
+        if is_due or scale is None or mem.retry_at is not None:
+            try:
+                scale = self.scales.get(manifest.target_kind, api_version, ns, manifest.target_name)
+            except KubeError as exc:
+                what = f"{manifest.target_kind} {manifest.target_name}"
+                message = f"cannot read the scale of {what}: {exc.describe()}"
+                self._write_status(obj, key, {"conditions": [
+                    Condition("AbleToScale", "False", "FailedGetScale", message).to_dict()]})  # fmt: skip
+                self.events.emit(obj, "FailedGetScale", "Warning", message)
+                retry = now + manifest.spec.polling_interval_s
+                self._memory[key] = replace(self._memory[key], scale=None, retry_at=retry)
+                return None
+            mem = replace(mem, scale=scale, retry_at=None)
+            self._memory[key] = mem
+        readings = self._read(manifest) if is_due else None
         budget = None
         if manifest.budget is not None:
             ref = manifest.budget
@@ -338,7 +355,8 @@ class ScalerReconciler:
         if out.scales:
             api_version = ((obj.get("spec") or {}).get("scaleTargetRef") or {}).get("apiVersion")
             try:
-                self.scales.set(manifest.target_kind, api_version, ns, manifest.target_name, out.target)
+                mem = replace(mem, scale=self.scales.set(manifest.target_kind, api_version, ns,
+                                                         manifest.target_name, out.target))  # fmt: skip
                 scaled_at = _rfc3339(now)
                 what = f"scaled {manifest.target_kind} {manifest.target_name} to {out.target}"
                 conditions[0] = Condition("AbleToScale", "True", "SucceededRescale", what)
