@@ -273,6 +273,10 @@ def test_compare_command_on_the_shipped_example(tmp_path: pytest.TempPathFactory
     assert res.exit_code == 0, res.output
     assert max(len(line) for line in res.output.splitlines()) <= 80
     assert "GPU budget arbiter" in res.output and "embed-small" in res.output
+    res = runner.invoke(main, ["compare", str(path), "--policies", "hpa-cpu", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "compare.json").read_text())[0]["policy"] == "hpa-cpu"  # type: ignore[operator]
+    assert (tmp_path / "compare.png").stat().st_size > 1000  # type: ignore[operator]
     res = runner.invoke(main, ["compare", str(path), "--json", "--policies", "keda-dcgm"])
     assert res.exit_code == 0, res.output
     rows = json.loads(res.output)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gpuscale.core.autoscale.budget import Arbitration, Budget, Demand, arbitrate
@@ -309,6 +310,36 @@ def compare_inference(scenario: Scenario, spec: InferenceSpec,
     return [run_inference(scenario, spec, p).row() for p in policies]
 
 
+def plot_inference(results: Sequence[InferenceResult], path: Path, title: str) -> None:
+    """``compare --out``: per model, its request rate and each policy's replicas over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(results[0].driver.runs) if results else []
+    fig, axes = plt.subplots(len(models), 1, figsize=(10, 2.6 * max(1, len(models))), sharex=True, squeeze=False)
+    for ax, name in zip(axes[:, 0], models, strict=True):
+        rate = ax.twinx()
+        first = results[0].driver.runs[name].timeline
+        rate.plot([t / 3600 for t, *_ in first], [r for *_, r in first], color="#bbbbbb", linewidth=0.8)
+        rate.set_ylabel("requests/s", color="#888888")
+        for res in results:
+            tl = res.driver.runs[name].timeline
+            ax.step([t / 3600 for t, *_ in tl], [n for _, n, _, _ in tl], where="post", label=res.policy)
+        ax.set_ylabel("replicas")
+        ax.set_title(name, fontsize=10)
+        ax.set_zorder(rate.get_zorder() + 1)
+        ax.patch.set_visible(False)
+    if models:
+        axes[0, 0].legend(loc="upper left", fontsize=8)
+        axes[-1, 0].set_xlabel("hours")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def spec_of(scenario: Scenario) -> InferenceSpec | None:
     """The scenario's ``inference`` section, if any."""
     spec = getattr(scenario, "inference", None)
@@ -396,7 +427,6 @@ def compare_inference_file(path: str, policies: str | None, as_json: bool, as_cs
     the workload scaling policies (:data:`INFERENCE_POLICIES`, or ``--policies``) on the same curves."""
     import dataclasses
     import json
-    from pathlib import Path
 
     import click
 
@@ -417,10 +447,12 @@ def compare_inference_file(path: str, policies: str | None, as_json: bool, as_cs
         scen = dataclasses.replace(scen, seed=seed)
     spec = spec_of(scen)
     assert spec is not None
-    rows = compare_inference(scen, spec, names)
+    results = [run_inference(scen, spec, p) for p in names]
+    rows = [r.row() for r in results]
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "compare.json").write_text(json.dumps(rows, indent=2))
+        plot_inference(results, Path(out) / "compare.png", scen.name)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     elif as_csv:
@@ -428,7 +460,7 @@ def compare_inference_file(path: str, policies: str | None, as_json: bool, as_cs
     else:
         click.echo(format_inference(rows, scen.name))
         if out:
-            click.echo(f"wrote {Path(out) / 'compare.json'}")
+            click.echo(f"wrote {Path(out) / 'compare.json'}, {Path(out) / 'compare.png'}")
     return True
 
 
@@ -436,7 +468,6 @@ def simulate_inference(scenario: Scenario, policy: str | None, as_json: bool, ou
     """``gpuscale simulate`` on a scenario with an ``inference`` section: the ``gpuscale-budget`` policy, reported
     as one ``compare`` row (the other policies: ``gpuscale compare --policies``)."""
     import json
-    from pathlib import Path
 
     import click
 
