@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from itertools import pairwise
 from pathlib import Path
 
@@ -259,15 +258,13 @@ OPENB = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "openb"
 
 @pytest.mark.slow
 @pytest.mark.skipif(not OPENB.is_file(), reason="shared openb data not present")
-def test_openb_default_trace_lp_bound_is_fast_and_tighter() -> None:
+def test_openb_default_trace_lp_bound_is_tighter() -> None:
+    """Its time is a benchmark figure (``benchmarks/bench_sim.py`` reports it), not asserted here."""
     from gpuscale.catalogs import load_catalog
     from gpuscale.sim.workloads import openb_arrivals
 
     ivs = [Interval(a.pod, a.at, a.at + a.duration) for a in openb_arrivals(OPENB)]
     s = Snapshot((), (), (NodePool(name="gpu"),), load_catalog("alibaba"))
     weak = cost_lower_bound(ivs, s, method="weak")
-    t = time.perf_counter()
     lp = cost_lower_bound(ivs, s)
-    elapsed = time.perf_counter() - t
     assert lp > 1.3 * weak  # about 15378 vs 11453 USD (14698 without the packing cuts)
-    assert elapsed < 30.0  # ~3.5 s on the 2-core dev box; generous for loaded CI runners
