@@ -278,6 +278,7 @@ def test_two_scalers_in_one_budget_priority_wins_above_the_guarantee(
     budget = world.status("gpubudgets", "shared")
     grants = {g["scaler"]: (g["desired"], g["granted"]) for g in budget["grants"]}
     assert grants == {"chat": (4, 3), "batch": (4, 1)} and budget["usedGPUs"] == 4
+    assert budget["models"] == {"llama": {"grantedGPUs": 3}, "mistral": {"grantedGPUs": 1}}
     refused = {e["message"].split(":")[0]: e for e in world.events("BudgetRefused")}
     assert set(refused) == {"chat (llama)", "batch (mistral)"} and not world.events("BudgetGranted")
     assert refused["batch (mistral)"]["involvedObject"]["kind"] == "GPUBudget"
