@@ -72,6 +72,14 @@ def check_access(client: KubeClient, pairs: Any) -> None:
             raise KubeError("not granted by RBAC", status=403, reason="Forbidden", verb=verb, resource=resource)
 
 
+def _no_sim() -> InputError:
+    return InputError(
+        "the simulated cloud cannot add nodes to a live cluster",
+        where="--provider sim",
+        fix="use --provider kwok for fake nodes in the cluster (or gpuscale simulate without a cluster)",
+    )
+
+
 def _warm_up() -> None:
     """Import the planner and its solver now, so the first pending pod does not wait for SciPy to load."""
     import importlib
@@ -125,7 +133,13 @@ class ControllerProcess:
             self.cache.wait_synced(sync_timeout_s)
             if self.scalers_enabled:
                 self.scalers = ScalerReconciler(self.client, self.cache, self.clock, self.metric_sources)
-                self.scalers.start(sync_timeout_s)
+                try:
+                    self.scalers.start(sync_timeout_s)
+                except KubeError as exc:
+                    raise InputError(
+                        exc.describe(), where="GPUWorkloadScalers and GPUBudgets",
+                        fix="install their CRDs (kubectl apply -k deploy/crds) or pass --no-scalers",
+                    ) from exc  # fmt: skip
         except KubeError as exc:
             raise _setup_error(exc) from exc
         self.backend = KubeBackend(
@@ -146,11 +160,7 @@ class ControllerProcess:
         if self.provider_name == "kwok":
             return KwokProvider(self.client, self.catalog, self.clock, self.kwok, cache=self.cache)
         if self.provider_name == "sim":
-            raise InputError(
-                "the simulated cloud cannot add nodes to a live cluster",
-                where="--provider sim",
-                fix="use --provider kwok for fake nodes in the cluster (or gpuscale simulate without a cluster)",
-            )
+            raise _no_sim()
         from gpuscale.errors import AuthenticationError
         from gpuscale.providers.registry import ProviderSettings, make_provider
 
@@ -280,6 +290,12 @@ def controller_command(
 ) -> None:
     """Run gpuscale as a controller in (or against) a Kubernetes cluster."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if provider == "sim":
+        raise _no_sim()
+    if provider != "kwok":
+        from gpuscale.providers.registry import registration
+
+        registration(provider)  # an unknown name is one line before anything connects
     cat = load_catalog(catalog, region=region)
     pools = None
     if pools_file is not None:
