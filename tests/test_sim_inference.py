@@ -197,13 +197,14 @@ ONE = scenario_text(MODEL_A, SCALER.format(name="a", max=8, priority=1))
 
 
 def test_keda_dcgm_steps_match_hand_computation() -> None:
-    # threshold 50 %, service 1 req/s per replica, instant binding, default HPA scale-up (max(4 pods, 100 %)/15 s):
+    # threshold 50 %, service 1 req/s per replica, instant binding, pollingInterval 30 s (the scaler reads its
+    # metrics at t = 0, 30, 60, ...; steps are 15 s), default HPA scale-up (max(4 pods, 100 %) per 15 s):
     # t<60: 0.5 req/s on 1 -> 50 % -> ratio 1: stay at 1
-    # t=60: 3 req/s on 1 -> 100 % -> ceil(2 x 1) = 2;  t=75: on 2 -> 100 % -> 4;  t=90: on 4 -> 75 % -> ceil(1.5 x 4)
-    # = 6;  t=105: on 6 -> 50 % -> stay at 6
-    d = drive(ONE, "keda-dcgm", 136)
+    # t=60: 3 req/s on 1 -> 100 % -> ceil(2 x 1) = 2;  t=90: on 2 -> 100 % -> 4;  t=120: on 4 -> 75 % ->
+    # ceil(1.5 x 4) = 6;  t=150: on 6 -> 50 % -> stay at 6.  Between polls the target holds.
+    d = drive(ONE, "keda-dcgm", 151)
     replicas = [n for _, n, _, _ in d.runs["a"].timeline]
-    assert replicas == [1, 1, 1, 1, 1, 2, 4, 6, 6, 6]
+    assert replicas == [1, 1, 1, 1, 1, 2, 2, 4, 4, 6, 6]
     assert [ready for _, _, ready, _ in d.runs["a"].timeline] == replicas  # bound at once, no cold start
     assert d.runs["a"].max_nodes == 6
 

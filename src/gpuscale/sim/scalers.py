@@ -11,10 +11,12 @@ Policies (all on the gpuscale node engine underneath):
 
 * ``hpa-cpu``: the HPA algorithm (:func:`gpuscale.core.autoscale.hpa.decide`) on CPU utilisation against the
   model's ``hpaCpuTarget``, default behaviour, replicas ``max(1, minReplicaCount)..maxReplicaCount``;
-* ``keda-dcgm``: the model's scaler (KEDA semantics, :func:`gpuscale.core.autoscale.keda.step`) on the simulated
-  DCGM metrics, no budget;
-* ``gpuscale-budget``: the same, then each ``GPUBudget`` arbitrates its members' desired replicas
-  (:func:`gpuscale.core.autoscale.budget.arbitrate`); a model gets ``min(desired, granted)``.
+* ``keda-dcgm``: the model's scaler (KEDA semantics) on the simulated DCGM metrics, no budget;
+* ``gpuscale-budget``: the same, then each ``GPUBudget`` arbitrates its members' desired replicas; a model gets
+  ``min(desired, granted)``.
+
+Both run the in-cluster controller's pure round (:func:`gpuscale.core.autoscale.fleet.plan`): a scaler reads its
+metrics when its ``pollingInterval`` is due and holds its last desired count in between.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuscale.core.autoscale.budget import Arbitration, Budget, Demand, arbitrate
+from gpuscale.core.autoscale.budget import Arbitration, Budget
+from gpuscale.core.autoscale.fleet import Member, Membership, due, plan
 from gpuscale.core.autoscale.hpa import Behavior, HpaSpec, HpaState, MetricKind, MetricTarget, PodCounts, Sample, decide
-from gpuscale.core.autoscale.keda import EMPTY, ScalerState, step
+from gpuscale.core.autoscale.keda import EMPTY, ScalerState
 from gpuscale.errors import InputError
 from gpuscale.sim.cluster import SimCluster
 from gpuscale.sim.engine import Engine
@@ -50,6 +53,8 @@ class ModelRun:
     """Pod key -> creation time, oldest first."""
     seq: int = 0
     keda: ScalerState = field(default_factory=ScalerState)
+    wanted: int | None = None
+    """What the scaler wanted at its last poll (fleet.Member.last_desired)."""
     hpa: HpaState = field(default_factory=HpaState)
     backlog: Backlog = field(default_factory=Backlog)
     delays: list[tuple[float, float]] = field(default_factory=list)
@@ -109,9 +114,10 @@ class InferenceDriver:
         for name, run in self.runs.items():
             readings[name] = self._observe(run, now, dt)
             run.max_nodes = max(run.max_nodes, len({where[k] for k in run.pods if k in where}))
-        desired = {name: self._desired(run, *readings[name], now) for name, run in self.runs.items()}
-        if self.policy == "gpuscale-budget":
-            desired = self._arbitrate(desired)
+        if self.policy == "hpa-cpu":
+            desired = {name: self._hpa_cpu(run, *readings[name], now) for name, run in self.runs.items()}
+        else:
+            desired = self._round(readings, now)
         for name, run in self.runs.items():
             self._scale(run, desired[name], now)
         if self.policy == "gpuscale-budget":
@@ -150,43 +156,47 @@ class InferenceDriver:
         pods = PodCounts(ready, len(run.pods) - ready)
         return values, pods, rate
 
-    def _desired(self, run: ModelRun, values: dict[str, float | None], pods: PodCounts, rate: float,
+    def _hpa_cpu(self, run: ModelRun, values: dict[str, float | None], pods: PodCounts, rate: float,
                  now: float) -> int:  # fmt: skip
+        """The HPA on CPU utilisation: one sync every step (the HPA's sync period)."""
         m, current = run.model, len(run.pods)
-        if self.policy == "hpa-cpu":
-            spec = HpaSpec(max(1, m.scaler.spec.min_replicas), m.scaler.spec.max_replicas,
-                           (MetricTarget("cpu", MetricKind.POD_AVERAGE, m.hpa_cpu_target),), Behavior())  # fmt: skip
-            cpu = values.get("cpu")
-            d = decide(spec, current, {"cpu": Sample(cpu)} if cpu is not None else {}, pods, run.hpa, now)
-            run.hpa = d.state
-            return d.desired
-        readings = {k: v for k, v in values.items() if k != "cpu"}
-        k = step(m.scaler.spec, run.keda, current, readings, pods, now)
-        run.keda = k.state
-        return k.desired
+        spec = HpaSpec(max(1, m.scaler.spec.min_replicas), m.scaler.spec.max_replicas,
+                       (MetricTarget("cpu", MetricKind.POD_AVERAGE, m.hpa_cpu_target),), Behavior())  # fmt: skip
+        cpu = values.get("cpu")
+        d = decide(spec, current, {"cpu": Sample(cpu)} if cpu is not None else {}, pods, run.hpa, now)
+        run.hpa = d.state
+        return d.desired
 
-    def _arbitrate(self, desired: dict[str, int]) -> dict[str, int]:
-        out = dict(desired)
-        for bname, budget in self.budgets.items():
-            members = [r for r in self.runs.values() if r.model.scaler.budget and r.model.scaler.budget.name == bname]
-            if not members:
-                continue
-            demands = []
-            for r in members:
-                ref = r.model.scaler.budget
-                assert ref is not None
-                demands.append(Demand(r.model.name, ref.model, desired[r.model.name], r.model.scaler.priority,
-                                      ref.gpus_per_replica))  # fmt: skip
-            result = arbitrate(budget, demands, self.previous.get(bname))
-            self.previous[bname] = result
-            mv = self.moves
+    def _round(self, readings: Mapping[str, tuple[dict[str, float | None], PodCounts, float]],
+               now: float) -> dict[str, int]:  # fmt: skip
+        """The in-cluster controller's pure round (:func:`gpuscale.core.autoscale.fleet.plan`): a scaler reads its
+        metrics when due (``pollingInterval``); with ``gpuscale-budget`` every budget is arbitrated each round."""
+        members = []
+        for name, run in self.runs.items():
+            values, pods, _ = readings[name]
+            spec, ref = run.model.scaler.spec, run.model.scaler.budget
+            ship = None
+            if ref is not None and self.policy == "gpuscale-budget":
+                ship = Membership(ref.name, ref.model, ref.gpus_per_replica)
+            trig = {k: v for k, v in values.items() if k != "cpu"}
+            members.append(Member(name, spec, run.keda, len(run.pods), trig if due(spec, run.keda, now) else None,
+                                  pods, run.model.scaler.priority, ship, run.wanted))  # fmt: skip
+        budgets = self.budgets if self.policy == "gpuscale-budget" else {}
+        rp = plan(members, budgets, self.previous, now)
+        self.previous.update(rp.arbitrations)
+        mv = self.moves
+        for arb in rp.arbitrations.values():
             mv.arbitrations += 1
-            mv.max_used_gpus = max(mv.max_used_gpus, result.used_gpus)
-            for g in result.grants:
-                out[g.scaler] = min(desired[g.scaler], g.granted)
+            mv.max_used_gpus = max(mv.max_used_gpus, arb.used_gpus)
+            for g in arb.grants:
                 mv.refused_replicas += g.refused
-                mv.lends += sum(1 for _ in g.borrowed)
+                mv.lends += len(g.borrowed)
                 mv.reclaims += sum(1 for why in g.reasons if "reclaimed by" in why)
+        out = {}
+        for o in rp.outcomes:
+            run = self.runs[o.key]
+            run.keda, run.wanted = o.state, o.wanted
+            out[o.key] = o.target
         return out
 
     def _check_budgets(self) -> None:
