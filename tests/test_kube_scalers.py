@@ -128,3 +128,18 @@ def test_the_emulated_scale_subresource(fake: FakeWorld) -> None:
     bad = httpx.patch(url, json={"spec": {"replicas": -1}}, headers={"Content-Type": "application/merge-patch+json"})
     assert bad.status_code == 422
     assert httpx.get(f"{fake.server.url}/apis/apps/v1/namespaces/ml/daemonsets/web/scale").status_code == 404
+
+
+def test_a_cluster_without_the_scaler_crds_is_one_line_naming_the_fix() -> None:
+    from gpuscale.errors import InputError
+
+    with KubeAPIServer() as srv:
+        srv.call(lambda: srv.emulator._types.pop(("gpuscale.io", "v1alpha1", "gpuworkloadscalers")))
+        proc = ControllerProcess(client_for(srv), CATALOG, "kwok", config=CONFIG)
+        try:
+            with pytest.raises(InputError) as err:
+                proc.start(sync_timeout_s=5)
+        finally:
+            proc.close()
+    assert "gpuworkloadscalers" in str(err.value) and "--no-scalers" in str(err.value)
+    assert "\n" not in str(err.value)

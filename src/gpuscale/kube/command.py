@@ -232,6 +232,7 @@ class ControllerProcess:
             self.scalers.close()
         if hasattr(self, "cache"):
             self.cache.stop()
+        if hasattr(self, "backend"):  # not when the start failed before it
             self.backend.events.flush(2)
         self.client.close()
 
