@@ -216,6 +216,15 @@ def test_hpa_on_cpu_under_scales() -> None:
     assert d.runs["a"].backlog.queued > 0
 
 
+def test_hpa_on_cpu_steps_with_a_low_target() -> None:
+    # hpaCpuTarget 10 %, CPU = 5 + 15 u, one sync per 15 s step, default HPA behaviour:
+    # t=0: 0.5 req/s on 1, u = .5 -> 12.5 % -> ratio 1.25 -> 2;  t=15..45: on 2, u = .25 -> 8.75 % -> ratio 0.875
+    # -> ceil(1.75) = 2 (and the scale-down window holds it anyway);  t=60: 3 req/s on 2, u = 1 -> 20 % -> ratio 2 -> 4
+    text = ONE.replace("      coldStart: 0\n", "      coldStart: 0\n      hpaCpuTarget: 10\n", 1)
+    d = drive(text, "hpa-cpu", 76)
+    assert [n for _, n, _, _ in d.runs["a"].timeline] == [1, 2, 2, 2, 2, 4]
+
+
 def test_budget_by_priority_never_exceeded() -> None:
     # a and b both saturate; 3 GPUs: each its guarantee (1), the shared GPU to the higher priority b
     text = scenario_text(MODEL_A + MODEL_B, SCALER.format(name="a", max=8, priority=1)
