@@ -137,7 +137,7 @@ class ControllerProcess:
                     self.scalers.start(sync_timeout_s)
                 except KubeError as exc:
                     raise InputError(
-                        exc.describe(), where="GPUWorkloadScalers and GPUBudgets",
+                        " ".join(exc.describe().split()), where="GPUWorkloadScalers and GPUBudgets",
                         fix="install their CRDs (kubectl apply -k deploy/crds) or pass --no-scalers",
                     ) from exc  # fmt: skip
         except KubeError as exc:
