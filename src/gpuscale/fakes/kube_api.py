@@ -45,7 +45,25 @@ import jsonpatch
 import kmock
 from kmock._internal import rendering
 
-__all__ = ["KubeAPIEmulator", "KubeAPIServer", "ResourceType"]
+from gpuscale.fakes.kube_selectors import (
+    ApiError,
+    api_error,
+    field_matcher,
+    int_or_percent,
+    label_matcher,
+    merge_patch,
+    selector_matches,
+)
+
+__all__ = [
+    "ApiError",
+    "KubeAPIEmulator",
+    "KubeAPIServer",
+    "ResourceType",
+    "field_matcher",
+    "label_matcher",
+    "selector_matches",
+]
 
 Obj = dict[str, Any]
 
@@ -94,142 +112,11 @@ Key = tuple[str, str, str]
 """(resource key ``group/version/plural``, namespace or "", name)."""
 
 
-class ApiError(kmock.KubernetesError):
-    """A Kubernetes ``Status`` failure (rendered by kmock's scaffold)."""
-
-
-def _error(code: int, reason: str, message: str, **details: Any) -> ApiError:
-    return ApiError(status=code, reason=reason, message=message, details=details or {"causes": []})
-
-
 def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-# ------------------------------------------------------------------------------------------------ selectors
-_SET_RE = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
-
-
-def _split_selector(text: str) -> list[str]:
-    """Split on commas outside parentheses."""
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    if cur.strip():
-        parts.append(cur)
-    return [p.strip() for p in parts if p.strip()]
-
-
-def label_matcher(selector: str) -> Callable[[Mapping[str, str]], bool]:
-    """A predicate over labels for a ``labelSelector`` string; raises ApiError 400 on bad syntax."""
-    tests: list[tuple[str, str, frozenset[str]]] = []  # (op, key, values)
-    for part in _split_selector(selector):
-        m = _SET_RE.match(part)
-        if m:
-            values = frozenset(v.strip() for v in m.group(3).split(",") if v.strip())
-            tests.append((m.group(2), m.group(1), values))
-        elif "!=" in part:
-            key, value = (x.strip() for x in part.split("!=", 1))
-            tests.append(("notin", key, frozenset({value})))
-        elif "=" in part:
-            key, value = (x.strip() for x in part.replace("==", "=").split("=", 1))
-            tests.append(("in", key, frozenset({value})))
-        elif part.startswith("!"):
-            tests.append(("absent", part[1:].strip(), frozenset()))
-        elif re.fullmatch(r"[\w./-]+", part):
-            tests.append(("exists", part, frozenset()))
-        else:
-            raise _error(400, "BadRequest", f"unable to parse requirement: {part!r}")
-
-    def one(op: str, key: str, values: frozenset[str], labels: Mapping[str, str]) -> bool:
-        if op == "in":
-            return labels.get(key) in values
-        if op == "notin":
-            return labels.get(key) not in values
-        return (key in labels) == (op == "exists")
-
-    def match(labels: Mapping[str, str]) -> bool:
-        return all(one(op, key, values, labels) for op, key, values in tests)
-
-    return match
-
-
-def _field(obj: Obj, path: str) -> str:
-    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-    if path == "metadata.name":
-        return str(meta.get("name", ""))
-    if path == "metadata.namespace":
-        return str(meta.get("namespace", ""))
-    if path == "spec.nodeName":
-        return str(spec.get("nodeName") or "")
-    if path == "status.phase":
-        return str(status.get("phase") or "")
-    return str(bool(spec.get("unschedulable"))).lower()
-
-
-_FIELDS = ("metadata.name", "metadata.namespace", "spec.nodeName", "status.phase", "spec.unschedulable")
-
-
-def field_matcher(selector: str) -> Callable[[Obj], bool]:
-    """A predicate over objects for a ``fieldSelector`` string (the fields above); 400 on an unknown field."""
-    tests: list[tuple[str, str, bool]] = []  # (field, value, negated)
-    for part in _split_selector(selector):
-        neg = "!=" in part
-        key, value = (x.strip() for x in part.replace("==", "=").split("!=" if neg else "=", 1))
-        if key not in _FIELDS:
-            raise _error(400, "BadRequest", f'field label not supported: "{key}"')
-        tests.append((key, value, neg))
-    return lambda obj: all((_field(obj, k) != v) if n else (_field(obj, k) == v) for k, v, n in tests)
-
-
-def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
-    """A ``metav1.LabelSelector`` (matchLabels, matchExpressions) against labels; an empty selector matches all."""
-    sel = selector or {}
-    for k, v in (sel.get("matchLabels") or {}).items():
-        if labels.get(k) != v:
-            return False
-    for expr in sel.get("matchExpressions") or []:
-        key, op, values = expr.get("key"), expr.get("operator"), set(expr.get("values") or [])
-        if op == "In" and labels.get(key) not in values:
-            return False
-        if op == "NotIn" and labels.get(key) in values:
-            return False
-        if op == "Exists" and key not in labels:
-            return False
-        if op == "DoesNotExist" and key in labels:
-            return False
-    return True
-
-
-def _int_or_percent(value: Any, total: int, *, round_up: bool) -> int:
-    if isinstance(value, str) and value.endswith("%"):
-        pct = int(value[:-1])
-        return -(-total * pct // 100) if round_up else total * pct // 100
-    return int(value)
-
-
 # ------------------------------------------------------------------------------------------------ emulator
-def _merge(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = _merge(out.get(k), v)
-    return out
-
-
 @attrs.define(kw_only=True)
 class KubeAPIEmulator(kmock.KubernetesScaffold):
     """An in-memory Kubernetes API server (see the module docstring). ``history`` bounds the watch replay window."""
@@ -298,7 +185,7 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
     def resource_type(self, group: str, version: str, plural: str) -> ResourceType:
         rt = self._types.get((group, version, plural))
         if rt is None:
-            raise _error(404, "NotFound", f"the server could not find the requested resource ({plural})")
+            raise api_error(404, "NotFound", f"the server could not find the requested resource ({plural})")
         return rt
 
     # ------------------------------------------------------------------ state (call on the server's loop)
@@ -342,18 +229,20 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
     def read_obj(self, rt: ResourceType, namespace: str, name: str) -> Obj:
         obj = self._objects.get((_rkey(rt), namespace, name))
         if obj is None:
-            raise _error(404, "NotFound", f'{rt.plural} "{name}" not found', name=name, kind=rt.plural)
+            raise api_error(404, "NotFound", f'{rt.plural} "{name}" not found', name=name, kind=rt.plural)
         return obj
 
     async def create_obj(self, rt: ResourceType, namespace: str, body: Obj) -> Obj:
         if not isinstance(body, dict):
-            raise _error(400, "BadRequest", "the body must be a JSON object")
+            raise api_error(400, "BadRequest", "the body must be a JSON object")
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
         ns = namespace if rt.namespaced else ""
         if rt.namespaced:
             if meta.get("namespace") not in (None, "", ns):
-                raise _error(400, "BadRequest", "the namespace of the object does not match the namespace of the URL")
+                raise api_error(
+                    400, "BadRequest", "the namespace of the object does not match the namespace of the URL"
+                )
             meta["namespace"] = ns
         else:
             meta.pop("namespace", None)
@@ -361,10 +250,10 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         name = meta.get("name")
         if not name:
-            raise _error(422, "Invalid", "metadata.name: Required value: name or generateName is required")
+            raise api_error(422, "Invalid", "metadata.name: Required value: name or generateName is required")
         key = (_rkey(rt), ns, name)
         if key in self._objects:
-            raise _error(409, "AlreadyExists", f'{rt.plural} "{name}" already exists', name=name, kind=rt.plural)
+            raise api_error(409, "AlreadyExists", f'{rt.plural} "{name}" already exists', name=name, kind=rt.plural)
         obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = _now()
@@ -382,7 +271,7 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
     async def replace_obj(self, rt: ResourceType, namespace: str, name: str, body: Obj, sub: str | None) -> Obj:
         current = self.read_obj(rt, namespace, name)
         if not isinstance(body, dict):
-            raise _error(400, "BadRequest", "the body must be a JSON object")
+            raise api_error(400, "BadRequest", "the body must be a JSON object")
         rv = (body.get("metadata") or {}).get("resourceVersion")
         self._check_rv(rt, name, current, rv)
         new = copy.deepcopy(body)
@@ -398,16 +287,16 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
         current = self.read_obj(rt, namespace, name)
         if ctype.startswith("application/merge-patch+json"):
             if not isinstance(body, dict):
-                raise _error(400, "BadRequest", "a merge patch must be a JSON object")
+                raise api_error(400, "BadRequest", "a merge patch must be a JSON object")
             self._check_rv(rt, name, current, (body.get("metadata") or {}).get("resourceVersion"))
-            new = _merge(copy.deepcopy(current), body)  # stored objects are never changed in place
+            new = merge_patch(copy.deepcopy(current), body)  # stored objects are never changed in place
         elif ctype.startswith("application/json-patch+json"):
             try:
                 new = jsonpatch.apply_patch(current, body)
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError) as exc:
-                raise _error(422, "Invalid", f"the JSON patch cannot be applied: {exc}") from None
+                raise api_error(422, "Invalid", f"the JSON patch cannot be applied: {exc}") from None
         else:
-            raise _error(
+            raise api_error(
                 415,
                 "UnsupportedMediaType",
                 f"patch type {ctype!r} is not served: use merge-patch+json or json-patch+json",
@@ -420,7 +309,7 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
 
     def _check_rv(self, rt: ResourceType, name: str, current: Obj, rv: Any) -> None:
         if rv not in (None, "") and str(rv) != current["metadata"]["resourceVersion"]:
-            raise _error(
+            raise api_error(
                 409,
                 "Conflict",
                 f'Operation cannot be fulfilled on {rt.plural} "{name}": the object has been modified; '
@@ -473,7 +362,7 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
         if phase not in ("Succeeded", "Failed"):
             for pdb in self._select(self._types[("policy", "v1", "poddisruptionbudgets")], namespace):
                 if selector_matches((pdb.get("spec") or {}).get("selector"), labels) and self.pdb_allowed(pdb) < 1:
-                    raise _error(
+                    raise api_error(
                         429,
                         "TooManyRequests",
                         "Cannot evict pod as it would violate the pod's disruption budget.",
@@ -490,24 +379,24 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
             if method == "PUT":
                 body = request.data if isinstance(request.data, dict) else None
                 if body is None:
-                    raise _error(400, "BadRequest", "the body must be a JSON object")
+                    raise api_error(400, "BadRequest", "the body must be a JSON object")
                 self._check_rv(rt, name, current, (body.get("metadata") or {}).get("resourceVersion"))
                 new_scale = body
             else:
                 ctype = request.headers.get("Content-Type", request.headers.get("content-type", ""))
                 patch = json.loads(request.body or b"null")
                 if ctype.startswith("application/merge-patch+json") and isinstance(patch, dict):
-                    new_scale = _merge(scale, patch)
+                    new_scale = merge_patch(scale, patch)
                 elif ctype.startswith("application/json-patch+json"):
                     try:
                         new_scale = jsonpatch.apply_patch(scale, patch)
                     except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError) as exc:
-                        raise _error(422, "Invalid", f"the JSON patch cannot be applied: {exc}") from None
+                        raise api_error(422, "Invalid", f"the JSON patch cannot be applied: {exc}") from None
                 else:
-                    raise _error(415, "UnsupportedMediaType", f"patch type {ctype!r} is not served on scale")
+                    raise api_error(415, "UnsupportedMediaType", f"patch type {ctype!r} is not served on scale")
             replicas = (new_scale.get("spec") or {}).get("replicas")
             if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
-                raise _error(422, "Invalid", f"spec.replicas: Invalid value: {replicas!r}: must be an integer >= 0")
+                raise api_error(422, "Invalid", f"spec.replicas: Invalid value: {replicas!r}: must be an integer >= 0")
             new = copy.deepcopy(current)
             new.setdefault("spec", {})["replicas"] = replicas
             current = await self._store(rt, current, new)
@@ -539,9 +428,9 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
         ]
         healthy = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running")
         if spec.get("minAvailable") is not None:
-            return healthy - _int_or_percent(spec["minAvailable"], len(pods), round_up=True)
+            return healthy - int_or_percent(spec["minAvailable"], len(pods), round_up=True)
         if spec.get("maxUnavailable") is not None:
-            return _int_or_percent(spec["maxUnavailable"], len(pods), round_up=True) - (len(pods) - healthy)
+            return int_or_percent(spec["maxUnavailable"], len(pods), round_up=True) - (len(pods) - healthy)
         return len(pods)
 
     def compact(self) -> None:
@@ -568,10 +457,10 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
         if self.token is not None:
             header = request.headers.get("Authorization", request.headers.get("authorization", ""))
             if header != f"Bearer {self.token}":
-                raise _error(401, "Unauthorized", "Unauthorized")
+                raise api_error(401, "Unauthorized", "Unauthorized")
         if (verb, resource) in self.forbidden:
             plural, _, group = resource.partition(".")
-            raise _error(
+            raise api_error(
                 403,
                 "Forbidden",
                 f'{plural} is forbidden: User "system:serviceaccount:gpuscale:gpuscale" cannot {verb} resource '
@@ -593,7 +482,7 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
 
     async def _answer(self, request: rendering.Request) -> tuple[int, Any]:
         if request.resource is None:
-            raise _error(404, "NotFound", "not a resource path")
+            raise api_error(404, "NotFound", "not a resource path")
         if request.resource.group == "authorization.k8s.io" and request.resource.plural == "selfsubjectaccessreviews":
             return 201, self._access_review(request)
         rt = self.resource_type(
@@ -613,7 +502,7 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
             if method == "POST":
                 self._see(request, "create", _rbac(rt))
                 return 201, await self.create_obj(rt, ns, request.data)
-            raise _error(405, "MethodNotAllowed", f"{method} is not allowed on a collection")
+            raise api_error(405, "MethodNotAllowed", f"{method} is not allowed on a collection")
         res = _rbac(rt) + (f"/{sub}" if sub else "")
         if sub == "eviction" and rt.plural == "pods" and method == "POST":
             self._see(request, "create", res)
@@ -622,7 +511,7 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
             self._see(request, {"GET": "get", "PATCH": "patch", "PUT": "update"}[method], res)
             return 200, await self.scale(rt, ns, name, method, request)
         if sub not in (None, "status") or (sub == "status" and not rt.status):
-            raise _error(404, "NotFound", f"the server could not find the requested resource ({res})")
+            raise api_error(404, "NotFound", f"the server could not find the requested resource ({res})")
         if method == "GET":
             self._see(request, "get", res)
             return 200, copy.deepcopy(self.read_obj(rt, ns, name))
@@ -637,7 +526,7 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
         if method == "DELETE" and sub is None:
             self._see(request, "delete", res)
             return 200, copy.deepcopy(await self.delete_obj(rt, ns, name))
-        raise _error(405, "MethodNotAllowed", f"{method} is not allowed here")
+        raise api_error(405, "MethodNotAllowed", f"{method} is not allowed here")
 
     def _filters(self, params: Mapping[str, str]) -> Callable[[Obj], bool]:
         labels = label_matcher(params.get("labelSelector", ""))
