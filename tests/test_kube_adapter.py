@@ -323,3 +323,14 @@ def test_provider_ids_of_each_cloud_match_their_nodes() -> None:
     nodes = [cloud("7", "12345"), cloud("i-0abc"), cloud("gke-a"), cloud("i-xyz"), cloud("other")]
     got = ProviderIdMatcher(_Cloud(nodes), cache).list_nodes()  # type: ignore[arg-type]
     assert [c.node_name for c in got] == ["lke-1", "ip-10-0-0-1", "gke-a", "ack-1", ""]
+
+
+def test_missing_crds_name_the_fix(server: KubeAPIServer) -> None:
+    server.call(lambda: server.emulator._types.pop(("gpuscale.io", "v1alpha1", "gpunodepools")))
+    proc = ControllerProcess(client_for(server), CATALOG, "kwok", clock=ManualClock(1e6))
+    try:
+        with pytest.raises(InputError, match="gpunodepools") as info:
+            proc.start(sync_timeout_s=5)
+        assert "kubectl apply -k deploy/crds" in str(info.value)
+    finally:
+        proc.close()

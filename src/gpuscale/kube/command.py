@@ -90,7 +90,10 @@ def _warm_up() -> None:
 
 
 def _setup_error(exc: KubeError) -> InputError:
-    return InputError(exc.describe(), where="API server", fix="")
+    fix = ""
+    if exc.status == 404 and exc.resource.endswith(".gpuscale.io"):
+        fix = "install gpuscale's CRDs: kubectl apply -k deploy/crds"
+    return InputError(exc.describe(), where="API server", fix=fix)
 
 
 @dataclass
