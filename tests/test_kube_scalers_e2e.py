@@ -183,7 +183,9 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prometheus,
     """A Prometheus scraping a port the curve's agent will listen on (down until a test starts it)."""
     tmp = tmp_path_factory.mktemp("scalers-prom")
     port = free_port()
-    with prometheus(tmp, [f"127.0.0.1:{port}"]) as p:
+    with prometheus(tmp, [f"127.0.0.1:{port}"]) as p, PrometheusClient(p.url) as client:
+        # target discovery takes a few seconds: wait until the (still down) target is being scraped
+        wait_for(lambda: client.query(f'up{{instance="127.0.0.1:{port}"}}'), timeout=20)
         yield p, port
 
 
