@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuscale.controller.availability import Availability, MemoryStore
+from gpuscale.controller.availability import Availability, MemoryStore, SqliteStore
 from gpuscale.core.gpr import GprState
 from gpuscale.core.model import CapacityType, OfferingKey
 from gpuscale.core.reconcile import LaunchRules, next_try_in
@@ -16,6 +16,7 @@ from gpuscale.errors import (
     RateLimited,
     TransientProviderError,
 )
+from gpuscale.gpr.server import build_manager
 from test_gpr_manager import SPEC, FakeProvider, manager
 
 
@@ -85,3 +86,16 @@ def test_next_try_in_follows_the_policy() -> None:
     assert next_try_in(QuotaExceeded("q"), 20, rules) == rules.max_backoff_s  # never gives up, capped
     assert next_try_in(InsufficientCapacity("c"), 1, rules) is None
     assert next_try_in(InvalidProviderRequest("i"), 1, rules) is None
+
+
+def test_embedded_mode_keeps_capacity_marks_in_the_gpr_database(tmp_path: Path) -> None:
+    """``gpuscale serve`` builds its manager with an Availability stored in the same SQLite file as the GPRs."""
+    db = tmp_path / "gpr.db"
+    first = build_manager(db, provider="sim", catalog="linode", env={})
+    assert isinstance(first.availability.store, SqliteStore)
+    key = OfferingKey("g2-gpu-rtx4000a1-s", "us-ord", CapacityType.ON_DEMAND)
+    first.mark_unavailable(key.instance_type, key.zone, until=first.clock.now() + 600)
+    first.store.close()
+    again = build_manager(db, provider="sim", catalog="linode", env={})  # a restarted server
+    assert key in again.unavailable_offerings
+    again.store.close()

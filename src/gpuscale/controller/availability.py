@@ -94,11 +94,12 @@ class MemoryStore:
 
 
 class SqliteStore:
-    """An :class:`AvailabilityStore` in a SQLite file (embedded mode). Each change is one committed statement."""
+    """An :class:`AvailabilityStore` in a SQLite file (embedded mode). Each change is one committed statement; the
+    table ``availability`` may share a file with other tables (the GPR store's)."""
 
     def __init__(self, path: str | Path) -> None:
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30.0)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS availability ("

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuscale.clock import Clock, SystemClock
+from gpuscale.controller.availability import Availability, SqliteStore
 from gpuscale.core.durations import parse_egs_duration
 from gpuscale.core.gpr import DEFAULT_MAX_EXIT_S, MAX_EXIT_CEILING_S
 from gpuscale.errors import InputError
@@ -110,8 +111,16 @@ def build_manager(
     max_exit = max_exit_from_env(env)
     store = GprStore(db)
     factory = provider_factory(provider, ProviderSettings(env, clock, cat, sim_latency_s=sim_latency_s))
+    availability = Availability(SqliteStore(db))  # capacity marks survive a restart, in the same file
     return GprManager(
-        store, cat, config=config, provider_factory=factory, inventory=inventory, clock=clock, max_exit_s=max_exit
+        store,
+        cat,
+        config=config,
+        provider_factory=factory,
+        inventory=inventory,
+        clock=clock,
+        max_exit_s=max_exit,
+        availability=availability,
     )
 
 
