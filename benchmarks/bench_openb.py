@@ -1,23 +1,52 @@
-"""Run every shipped scorer on every shared openb workload (10 seeds each) and print one table per workload.
+"""Run the openb scorers on openb workloads (10 seeds each) and print one table per workload.
 
-Usage: ``.venv/bin/python benchmarks/bench_openb.py [--seeds 42-51] [--file-order] [--json OUT.json]``
-(the same as ``.venv/bin/gpuscale bench openb --scorer all --pods ...`` for each workload).
+Usage: ``.venv/bin/python benchmarks/bench_openb.py [--seeds 42-51] [--workloads default,multigpu30] [--scorers
+fgd,fill-reserve] [--file-order] [--json OUT.json]``. A workload is a shipped pod list (``default``, ``cpu050``,
+``gpushare40``, ``gpuspec10``, ``multigpu20``) or ``multigpuNN``, built from ``default`` with the openb rule
+(``gpuscale bench openb --multigpu NN``) when no such file is shipped. Each table is the same as
+``.venv/bin/gpuscale bench openb --scorer NAME --pods ...`` (``--multigpu NN`` for the built variants).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 from rich.console import Console
 
-from gpuscale.bench.openb import DATA_DIR, DEFAULT_NODES, load_workload, parse_seeds, render_table, run_bench
+from gpuscale.bench.openb import (
+    DATA_DIR,
+    DEFAULT_NODES,
+    load_workload,
+    multigpu_variant,
+    parse_seeds,
+    render_table,
+    run_bench,
+)
+from gpuscale.core.resources import Request
 from gpuscale.core.scoring import SCORERS
+from gpuscale.core.state import NodeShape
 from gpuscale.errors import InputError
 
-WORKLOADS = ("default", "cpu050", "gpushare40", "gpuspec10", "multigpu20")
+WORKLOADS = ("default", "cpu050", "gpushare40", "gpuspec10", "multigpu20", "multigpu30", "multigpu40", "multigpu50")
+
+
+def pods_file(workload: str) -> Path:
+    """The shipped pod list of ``workload``."""
+    return DATA_DIR / f"openb_pod_list_{workload}.csv.gz"
+
+
+def workload_requests(workload: str) -> tuple[list[NodeShape], list[Request]]:
+    """The cluster and the requests of ``workload``: a shipped pod list, or ``multigpuNN`` built from default."""
+    path = pods_file(workload)
+    built = re.fullmatch(r"multigpu(\d+)", workload)
+    if path.exists() or not built:
+        return load_workload(DEFAULT_NODES, path)
+    shapes, requests = load_workload(DEFAULT_NODES, pods_file("default"))
+    return shapes, multigpu_variant(requests, float(built.group(1)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,16 +55,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--file-order", action="store_true", help="place the file's pods in file order")
     parser.add_argument("--json", type=Path, help="also write all results to this JSON file")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--scorers", default="all", help="comma-separated scorer names, or all")
     args = parser.parse_args(argv)
     console = Console()
     try:
         seeds = parse_seeds(args.seeds)
+        names = sorted(SCORERS) if args.scorers == "all" else args.scorers.split(",")
+        unknown = [n for n in names if n not in SCORERS]
+        if unknown:
+            raise InputError("unknown scorer", where="--scorers", value=",".join(unknown),
+                             fix=f"use names from {', '.join(sorted(SCORERS))}, or all")  # fmt: skip
         out = []
         for workload in args.workloads.split(","):
-            shapes, requests = load_workload(DEFAULT_NODES, DATA_DIR / f"openb_pod_list_{workload}.csv.gz")
+            shapes, requests = workload_requests(workload)
             results = [
                 run_bench(shapes, requests, name, seeds, workload=workload, shuffle=not args.file_order)
-                for name in sorted(SCORERS)
+                for name in names
             ]
             render_table(results, console)
             out += [r.to_json() for r in results]
