@@ -42,6 +42,7 @@ from typing import Any
 from gpuscale.clock import Clock
 from gpuscale.controller.availability import Availability
 from gpuscale.controller.backend import ClusterBackend
+from gpuscale.controller.batching import PendingBatch
 from gpuscale.controller.claims import ClaimTable
 from gpuscale.controller.config import ControllerConfig
 from gpuscale.controller.consolidation import ConsolidationGate
@@ -128,9 +129,8 @@ class Controller(ScaleUpSteps, ScaleDownSteps):
         self._involuntary: set[str] = set()
         self._replacements: dict[str, tuple[tuple[str, ...], DisruptionAction]] = {}
         self._orphan_since: dict[str, float] = {}
-        self._batch_start: float | None = None
-        self._batch_last: float = -math.inf
-        self._seen_pending: set[str] = set()
+        self.batch = PendingBatch(self.config.batch_idle_s, self.config.batch_max_s)
+        """The batch window of pending pods."""
         self._force_plan = False
         self._last_plan_at = -math.inf
         self._last_signature: object = None
@@ -215,8 +215,9 @@ class Controller(ScaleUpSteps, ScaleDownSteps):
 
     def _timer_candidates(self) -> list[float]:
         times: list[float] = []
-        if self._batch_start is not None:
-            times.append(min(self._batch_last + self.config.batch_idle_s, self._batch_start + self.config.batch_max_s))
+        closes = self.batch.wake_time()
+        if closes is not None:
+            times.append(closes)
         for _, c in self.claims.in_phases(TIMED_PHASES):
             t = deadline(c)
             if t is not None:
@@ -228,7 +229,7 @@ class Controller(ScaleUpSteps, ScaleDownSteps):
         times += self.launcher.wake_times()
         times += self._delete_retry_at.values()
         times += [t + self.config.orphan_grace_s for t in self._orphan_since.values()]
-        if self._seen_pending:
+        if self.batch.seen:
             times += self.availability.expiries()
         times += self.gate.wake_times(self._pool_of_node)
         return times

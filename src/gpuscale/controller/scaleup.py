@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from gpuscale.controller.batching import PendingBatch
 from gpuscale.controller.shell import LEAVING, STATIC_BLOCKS, ReconcileResult, ShellBase, World
 from gpuscale.core.disruption import pool_offerings
 from gpuscale.core.model import CapacityType, Node, NodePool, Pod, Snapshot
@@ -22,9 +23,7 @@ class ScaleUpSteps(ShellBase):
     """Scale-up and ``minNodes`` (part of :class:`~gpuscale.controller.loop.Controller`)."""
 
     _plan_fn: PlanFn
-    _batch_start: float | None
-    _batch_last: float
-    _seen_pending: set[str]
+    batch: PendingBatch
     _last_plan_at: float
     _last_signature: object
     _static_blocked: set[str]
@@ -53,25 +52,12 @@ class ScaleUpSteps(ShellBase):
         ]
         return real, virtual
 
-    def _update_batch(self, real: Sequence[Pod], now: float) -> bool:
-        """Track the batch window; True if it is closed (planning may run)."""
-        keys = {p.key for p in real}
-        if keys - self._seen_pending:
-            if self._batch_start is None:
-                self._batch_start = now
-            self._batch_last = now
-        self._seen_pending = keys
-        if self._batch_start is None:
-            return True
-        c = self.config
-        return now - self._batch_last >= c.batch_idle_s or now - self._batch_start >= c.batch_max_s
-
     def _scale_up(self, w: World, result: ReconcileResult) -> None:
         now = w.now
         real, virtual = self._pending(w)
-        closed = self._update_batch(real, now)
+        closed = self.batch.update((p.key for p in real), now)
         if not real and not virtual:
-            self._batch_start = None
+            self.batch.close()
             self._planned_on_node = {}
             self._prune_reports(set())
             return
@@ -82,7 +68,7 @@ class ScaleUpSteps(ShellBase):
         self._static_blocked &= pending_keys
         real = [p for p in real if p.key not in self._static_blocked]
         if not real and not virtual:
-            self._batch_start = None
+            self.batch.close()
             return
         if not virtual and not self._force_plan and self._all_covered(real, w):
             return  # every pending pod already has room on a node in flight: re-planning cannot launch less
@@ -94,7 +80,7 @@ class ScaleUpSteps(ShellBase):
         ):
             return
         self._force_plan = False
-        self._batch_start = None
+        self.batch.close()
         result.planned = True
         plan: ScaleUpPlan | None = None
         for _ in range(max(1, self.config.max_replans)):
