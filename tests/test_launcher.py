@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gpuscale.controller.availability import Availability
 from gpuscale.controller.claims import ClaimTable
 from gpuscale.controller.launcher import Launcher
@@ -130,3 +133,43 @@ def test_a_quota_error_backs_the_pool_off_exponentially() -> None:
         assert launcher.launch(rid, request(claims[rid]), claims, None, now) is Outcome.QUOTA
     assert av.backoffs["gpu"].until == 100.0 + 120.0
     assert [n.message.rsplit(" ", 1)[-1] for n in notes if str(n.kind) == "Backoff"] == ["60s", "120s"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["ok", "rate", "transient", "quota", "capacity", "other"]),
+        min_size=1,
+        max_size=8,
+    ),
+    st.lists(st.floats(0.0, 30.0), min_size=8, max_size=8),
+)
+def test_a_claim_is_only_ever_tried_when_due_and_ends_in_one_state(outcomes: list[str], gaps: list[float]) -> None:
+    """Whatever errors come back, a caller that tries only due claims calls the provider at or after each due
+    time, under one request id, and the claim ends Launched, Failed, or still Requested with a retry pending."""
+    errors: dict[str, ProviderError] = {
+        "rate": RateLimited("r", retry_after=3.0),
+        "transient": TransientProviderError("t"),
+        "quota": QuotaExceeded("q"),
+        "capacity": InsufficientCapacity("c"),
+        "other": ProviderError("p"),
+    }
+    launcher, cloud, claims, _, _ = setup()
+    cloud.faults = [errors[o] for o in outcomes if o != "ok"]  # then the cloud answers
+    rid = add(launcher, claims, ("s",))
+    now, called_at, dues = 0.0, [], []
+    for gap in gaps:
+        if claims[rid].phase is not ClaimPhase.REQUESTED:
+            break
+        now += gap
+        if not launcher.due(rid, now):
+            continue
+        dues.append(launcher.retry_at.get(rid, 0.0))
+        called_at.append(now)
+        launcher.launch(rid, request(claims[rid]), claims, None, now)
+    assert all(t >= d for t, d in zip(called_at, dues, strict=True))
+    assert set(cloud.calls) <= {rid} and len(cloud.calls) == len(called_at)
+    phase = claims[rid].phase
+    assert phase in (ClaimPhase.LAUNCHED, ClaimPhase.FAILED, ClaimPhase.REQUESTED)
+    if phase is ClaimPhase.REQUESTED and called_at:
+        assert rid in launcher.retry_at and launcher.retry_at[rid] > called_at[-1]
