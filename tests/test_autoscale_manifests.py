@@ -222,7 +222,8 @@ def test_crd_identity_status_and_printer_columns(name: str, kind: str, short: st
 
 def _untyped(node: dict[str, Any], path: str = "") -> list[str]:
     """Schema nodes without a type (a structural schema has one everywhere, unless it preserves unknown fields)."""
-    bad = [] if "type" in node or node.get("x-kubernetes-preserve-unknown-fields") else [path or "<root>"]
+    typed = "type" in node or node.get("x-kubernetes-preserve-unknown-fields") or node.get("x-kubernetes-int-or-string")
+    bad = [] if typed else [path or "<root>"]
     for name, sub in node.get("properties", {}).items():
         bad += _untyped(sub, f"{path}.{name}")
     for key in ("items", "additionalProperties"):

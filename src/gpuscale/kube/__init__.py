@@ -4,7 +4,8 @@
 * :mod:`.cache`: list-then-watch of pods, nodes, PDBs, DaemonSets and gpuscale's CRDs (relist on 410 Gone);
 * :mod:`.backend`: the controller's :class:`~gpuscale.controller.backend.ClusterBackend` on that cache;
 * :mod:`.events`: Kubernetes Events for decisions; :mod:`.kwok`: the kwok provider; :mod:`.command`: the command;
-* :mod:`.scalers`: GPUWorkloadScalers and GPUBudgets reconciled, targets scaled through :mod:`.scale_client`.
+* :mod:`.scalers`: GPUWorkloadScalers and GPUBudgets reconciled, targets scaled through :mod:`.scale_client`;
+* :mod:`.rightsizer`: a scaler's ``spec.rightsizing`` applied to its target's pod template requests.
 """
 
 API_VERBS: tuple[tuple[str, str], ...] = (
@@ -42,12 +43,17 @@ API_VERBS: tuple[tuple[str, str], ...] = (
     ("patch", "statefulsets.apps/scale"),
     ("get", "replicasets.apps/scale"),
     ("patch", "replicasets.apps/scale"),
+    ("get", "deployments.apps"),
+    ("patch", "deployments.apps"),
+    ("get", "statefulsets.apps"),
+    ("patch", "statefulsets.apps"),
 )
 """Every (verb, resource) the adapter and the kwok provider use, as RBAC names them (``plural.group`` and
 ``plural/subresource``). ``create nodes`` and ``patch nodes/status`` are the kwok provider's only; the scalers,
 budgets and ``scale`` subresources are :mod:`.scalers`' (a workload of another kind needs its own grant). The RBAC
-test of the deployment checks the ClusterRole against this list; the end-to-end tests check the adapter uses nothing
-else."""
+test of the deployment checks the ClusterRole against this list (``get``/``patch`` of Deployments and StatefulSets
+are :mod:`.rightsizer`'s: ``updateMode: Recreate`` patches their pod template); the end-to-end tests check the
+adapter uses nothing else."""
 
 PREFLIGHT_VERBS: tuple[tuple[str, str], ...] = (("create", "selfsubjectaccessreviews.authorization.k8s.io"),)
 """What ``gpuscale controller`` asks at start-up to name a missing permission before acting; Kubernetes grants it to

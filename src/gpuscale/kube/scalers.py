@@ -51,6 +51,7 @@ from gpuscale.core.autoscale.keda import EMPTY, ScalerState
 from gpuscale.errors import MetricsError, NoData
 from gpuscale.kube.cache import KubeCache, Watched
 from gpuscale.kube.client import KubeClient, KubeError, as_kube_error
+from gpuscale.kube.rightsizer import Rightsizer
 from gpuscale.kube.scale_client import Scale, ScaleClient, selector_matcher
 from gpuscale.manifests.problems import Doc
 from gpuscale.manifests.scaler import BUDGET_KIND, SCALER_KIND, ScalerManifest, read_budget, read_scaler
@@ -184,6 +185,8 @@ class ScalerReconciler:
         """(namespace, scaler) -> (desired, current) after the last round, for the metrics."""
         self.granted_gpus: dict[tuple[str, str, str], int] = {}
         """(namespace, budget, model) -> GPUs granted at the last round, for the metrics."""
+        self.rightsizer = Rightsizer(client, pods, clock, self.events, self.source, self._merge_status)
+        """Scalers with ``spec.rightsizing`` (see :mod:`.rightsizer`)."""
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, sync_timeout_s: float = 30.0) -> ScalerReconciler:
@@ -222,6 +225,9 @@ class ScalerReconciler:
                 return self.clock.now()
             else:
                 times.append(mem.state.last_poll + mem.interval_s)
+        rightsize = self.rightsizer.next_due()
+        if rightsize is not None:
+            times.append(rightsize)
         return min(times, default=None)
 
     # ------------------------------------------------------------------ the round
@@ -243,6 +249,7 @@ class ScalerReconciler:
         for out in result.outcomes:
             manifest, obj, _ = seen[out.key]
             self._apply(out, manifest, obj, now)
+        self.rightsizer.reconcile([(manifest, obj) for manifest, obj, _ in seen.values()], now)
         for key, arb in result.arbitrations.items():
             self._budget_outcome(key, arb)
         self._arbitrations = dict(result.arbitrations)
@@ -390,6 +397,18 @@ class ScalerReconciler:
             return
         if mem is not None:
             self._memory[key] = replace(mem, written=body)
+
+    def _merge_status(self, obj: Obj, body: Obj) -> None:
+        """Merge ``body`` into a scaler's status (the right-sizer's ``status.rightsizing``)."""
+        ns, name, key = _key(obj)
+        try:
+            self.client.run(
+                self.client.api.patch(GPUWorkloadScaler.Status, name, {"status": body}, namespace=ns,
+                                      patch_type=PatchType.MERGE),
+                verb="patch", resource="gpuworkloadscalers.gpuscale.io/status",
+            )  # fmt: skip
+        except KubeError as exc:
+            log.warning("status of %s not written: %s", key, exc.describe())
 
     def _invalid_spec(self, obj: Obj, key: str, doc: Doc) -> None:
         message = "; ".join(str(p) for p in doc.problems)[:1000] or "the spec cannot be read"

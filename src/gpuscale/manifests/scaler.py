@@ -41,12 +41,14 @@ from gpuscale.core.autoscale.keda import (
     Schedule,
     Trigger,
 )
+from gpuscale.core.autoscale.rightsize_update import RightsizePolicy
 from gpuscale.core.cron import CronSchedule, parse_cron
 from gpuscale.errors import InputError
 from gpuscale.inputs import GuardedLoader, compose_documents, construct, paused_gc, read_text, yaml_error
 from gpuscale.manifests import _locator
 from gpuscale.manifests.fields import as_int, as_list, as_mapping, as_str, check_fields, choice
 from gpuscale.manifests.problems import Doc, FieldError, ManifestError, did_you_mean
+from gpuscale.manifests.rightsizing import read_rightsizing
 
 API_VERSION = "gpuscale.io/v1alpha1"
 KEDA_API_VERSION = "keda.sh/v1alpha1"
@@ -62,7 +64,7 @@ KEDA_SPEC_FIELDS = (
     "scaleTargetRef", "pollingInterval", "cooldownPeriod", "initialCooldownPeriod", "idleReplicaCount",
     "minReplicaCount", "maxReplicaCount", "fallback", "advanced", "triggers",
 )  # fmt: skip
-OWN_SPEC_FIELDS = ("behavior", "schedules", "priority", "gpuBudget")
+OWN_SPEC_FIELDS = ("behavior", "schedules", "priority", "gpuBudget", "rightsizing")
 SPEC_FIELDS = (*KEDA_SPEC_FIELDS, *OWN_SPEC_FIELDS)
 TARGET_FIELDS = ("apiVersion", "kind", "name", "envSourceContainerName")
 FALLBACK_FIELDS = ("failureThreshold", "replicas", "behavior")
@@ -126,6 +128,8 @@ class ScalerManifest:
     """Trigger name -> (server address, PromQL query)."""
     priority: int = 0
     budget: BudgetRef | None = None
+    rightsizing: RightsizePolicy | None = None
+    """``spec.rightsizing``: the workload opted in to right-sizing (see :mod:`gpuscale.manifests.rightsizing`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +297,8 @@ def read_scaler(doc: Doc, obj: dict[str, Any]) -> ScalerManifest | None:
         if spec.get("priority") is not None:
             priority = as_int(spec["priority"], "spec.priority", minimum=0, maximum=1_000_000)
     budget = _budget_ref(doc, spec.get("gpuBudget"))
+    servers = [server for server, _ in queries.values()]
+    rightsizing = read_rightsizing(doc, spec.get("rightsizing"), servers[0] if servers else DEFAULT_SERVER)
     if doc.failed:
         return None
     core = ScalerSpec(
@@ -301,7 +307,8 @@ def read_scaler(doc: Doc, obj: dict[str, Any]) -> ScalerManifest | None:
         initial_cooldown_s=counts["initialCooldownPeriod"], fallback=fallback,
         behavior=behavior, schedules=tuple(schedules),
     )  # fmt: skip
-    return ScalerManifest(name, namespace, kind, target_kind, target_name, core, queries, priority, budget)
+    return ScalerManifest(name, namespace, kind, target_kind, target_name, core, queries, priority, budget,
+                          rightsizing)  # fmt: skip
 
 
 def _target(doc: Doc, raw: object) -> tuple[str, str]:
