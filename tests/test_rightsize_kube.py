@@ -4,7 +4,8 @@ over-requested Deployments whose GPUWorkloadScalers opt in to right-sizing.
 
 * ``Recreate``: blocked while the PodDisruptionBudget allows no disruption; then exactly one JSON patch of the pod
   template's CPU and memory requests to targets within the recommended band (the GPU request untouched); no second
-  patch inside ``updateInterval`` even when the requests are over-requested again; the next one after it;
+  patch inside ``updateInterval`` even when the requests are over-requested again (nor after a restart of the
+  controller: the last update is read back from the status); the next one after it;
 * ``Off``: never patched, the recommendation in the status and an Event; the GPU advice (a fractional GPU) in both;
 * the reader of ``spec.rightsizing`` and the CRD's schema agree.
 """
@@ -143,6 +144,10 @@ def test_recreate_patches_once_within_the_band_and_off_only_recommends(world: Wo
     assert world.status("gpuworkloadscalers", "llm")["rightsizing"]["verdict"] == "RateLimited"
     assert _requests(world, "llm")["cpu"] == "2"
     assert [r for r in srv.requests() if r == ("patch", "deployments.apps")] == patches
+    world.restart()  # a new process reads lastUpdateTime back from the status: still rate-limited
+    _check(world, 1)
+    assert world.status("gpuworkloadscalers", "llm")["rightsizing"]["verdict"] == "RateLimited"
+    assert _requests(world, "llm")["cpu"] == "2"
     _check(world, 3600)  # past the interval: the next change is allowed
     assert _requests(world, "llm")["cpu"] == got["cpu"]
 
