@@ -7,6 +7,7 @@ over-requested Deployments whose GPUWorkloadScalers opt in to right-sizing.
   patch inside ``updateInterval`` even when the requests are over-requested again (nor after a restart of the
   controller: the last update is read back from the status); the next one after it;
 * ``Off``: never patched, the recommendation in the status and an Event; the GPU advice (a fractional GPU) in both;
+* a workload without history: no recommendation, no patch;
 * the reader of ``spec.rightsizing`` and the CRD's schema agree.
 """
 
@@ -22,6 +23,7 @@ import pytest
 
 from gpuscale.core.autoscale.rightsize_update import UpdateMode
 from gpuscale.fakes.kube_api import KubeAPIServer
+from gpuscale.kube import API_VERBS, PREFLIGHT_VERBS
 from gpuscale.manifests import rightsizing as rz
 from gpuscale.manifests.problems import Doc
 from gpuscale.manifests.quantity import cpu_milli, memory_mib
@@ -102,7 +104,7 @@ def _check(world: World, advance: float) -> None:
 
 def test_recreate_patches_once_within_the_band_and_off_only_recommends(world: World, prom_url: str) -> None:
     srv = world.server
-    for name in ("llm", "web"):
+    for name in ("llm", "web", "new"):  # "new" has no usage history yet
         srv.create("deployments", over_requested(name), namespace="ml")
     pdb = {"metadata": {"name": "llm-pdb", "namespace": "ml"},
            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "llm"}}}}  # fmt: skip
@@ -111,6 +113,8 @@ def test_recreate_patches_once_within_the_band_and_off_only_recommends(world: Wo
     policy = {"updateInterval": 3600, "historyWindow": 3 * 86_400}
     recreate = scaler("llm", "vector(50)", prom_url, rightsizing={"updateMode": "Recreate", **policy})
     srv.create("gpuworkloadscalers", recreate, namespace="ml")
+    fresh = scaler("new", "vector(50)", prom_url, rightsizing={"updateMode": "Recreate", **policy})
+    srv.create("gpuworkloadscalers", fresh, namespace="ml")
     srv.create("gpuworkloadscalers", scaler("web", "vector(50)", prom_url, rightsizing=policy), namespace="ml")
 
     _check(world, 1)
@@ -161,6 +165,9 @@ def test_recreate_patches_once_within_the_band_and_off_only_recommends(world: Wo
     assert web["gpu"]["verdict"] == "fractional" and web["gpu"]["gpuMilli"] == 200
     advice = {e["involvedObject"]["name"] for e in world.events("GPURightsizeAdvice")}
     assert advice == {"llm", "web"}
+    assert world.status("gpuworkloadscalers", "new")["rightsizing"]["verdict"] == "NoRecommendation"
+    assert _requests(world, "new")["cpu"] == "2", "no history: nothing to apply"
+    assert set(srv.requests()) <= set(API_VERBS) | set(PREFLIGHT_VERBS), "RBAC: nothing beyond the granted verbs"
 
 
 READER_CASES = [

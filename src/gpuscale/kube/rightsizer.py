@@ -147,6 +147,9 @@ class Rightsizer:
         names = {c.name for c in containers}
         recs: list[Recommendation] = []
         for u in usage.containers:
+            samples = {"cpu": u.cpu_cores, "memory": u.memory_mib}
+            if any(not samples[r] for r in policy.controlled):
+                continue  # no history of a controlled resource: no recommendation (its floor is not one)
             if u.workload == wkey and u.container in names:
                 u = replace(u, containers_in_pod=len(containers), min_allowed=policy.min_allowed,
                             max_allowed=policy.max_allowed)  # fmt: skip
