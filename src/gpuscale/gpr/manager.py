@@ -73,7 +73,8 @@ from gpuscale.errors import (
     NotFound,
     ProviderError,
 )
-from gpuscale.gpr.store import GprStore, StaleWrite, Stored, new_gpr_id
+from gpuscale.gpr.ports import GprStorePort
+from gpuscale.gpr.store import StaleWrite, Stored, new_gpr_id
 from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, Provider, ProviderEventKind
 
 log = logging.getLogger("gpuscale.gpr")
@@ -218,7 +219,7 @@ class GprManager:
 
     def __init__(
         self,
-        store: GprStore,
+        store: GprStorePort,
         catalog: Catalog,
         *,
         config: GprConfig | None = None,

@@ -31,6 +31,11 @@ API_VERBS: tuple[tuple[str, str], ...] = (
     ("watch", "gpunodeclaims.gpuscale.io"),
     ("list", "offeringavailabilities.gpuscale.io"),
     ("watch", "offeringavailabilities.gpuscale.io"),
+    ("list", "gpuprovisioningrequests.gpuscale.io"),
+    ("watch", "gpuprovisioningrequests.gpuscale.io"),
+    ("get", "gpuprovisioningrequests.gpuscale.io"),
+    ("patch", "gpuprovisioningrequests.gpuscale.io/status"),
+    ("patch", "gpunodepools.gpuscale.io/status"),
     ("list", "gpuworkloadscalers.gpuscale.io"),
     ("watch", "gpuworkloadscalers.gpuscale.io"),
     ("patch", "gpuworkloadscalers.gpuscale.io/status"),
@@ -50,7 +55,8 @@ API_VERBS: tuple[tuple[str, str], ...] = (
 )
 """Every (verb, resource) the adapter and the kwok provider use, as RBAC names them (``plural.group`` and
 ``plural/subresource``). ``create nodes`` and ``patch nodes/status`` are the kwok provider's only; the scalers,
-budgets and ``scale`` subresources are :mod:`.scalers`' (a workload of another kind needs its own grant). The RBAC
+budgets and ``scale`` subresources are :mod:`.scalers`' (a workload of another kind needs its own grant); the
+GPR objects and the pools' status are :mod:`.gpr_store`'s and :mod:`.command`'s. The RBAC
 test of the deployment checks the ClusterRole against this list (``get``/``patch`` of Deployments and StatefulSets
 are :mod:`.rightsizer`'s: ``updateMode: Recreate`` patches their pod template); the end-to-end tests check the
 adapter uses nothing else."""

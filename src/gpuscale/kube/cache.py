@@ -63,6 +63,7 @@ WATCHED: tuple[Watched, ...] = (
     Watched("gpunodepools", GPUNodePool, "gpunodepools.gpuscale.io"),
     Watched("gpunodeclaims", GPUNodeClaim, "gpunodeclaims.gpuscale.io"),
     Watched("offeringavailabilities", OfferingAvailability, "offeringavailabilities.gpuscale.io"),
+    Watched("gpuprovisioningrequests", GPUProvisioningRequest, "gpuprovisioningrequests.gpuscale.io", True),
 )
 
 

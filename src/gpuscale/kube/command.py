@@ -9,6 +9,7 @@ with back-off and reconciles pause until every watch is back (a decision on a st
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import os
 import threading
@@ -18,21 +19,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import click
+from lightkube.types import PatchType
 
 from gpuscale.catalogs import load_catalog
 from gpuscale.clock import Clock, SystemClock
 from gpuscale.controller.loop import Controller, ControllerConfig
 from gpuscale.core.model import Catalog, NodePool
-from gpuscale.errors import InputError
+from gpuscale.core.nodeclaim import ClaimPhase
+from gpuscale.errors import GpuscaleError, InputError
+from gpuscale.gpr.manager import GprManager, config_from_env
 from gpuscale.kube import API_VERBS
 from gpuscale.kube.backend import KubeBackend
-from gpuscale.kube.cache import KubeCache
+from gpuscale.kube.cache import GPUNodePool, KubeCache
 from gpuscale.kube.client import KubeClient, KubeError, load_config
 from gpuscale.kube.endpoints import ProcessEndpoints
 from gpuscale.kube.events import EventRecorder
+from gpuscale.kube.gpr_store import KubeGprStore
 from gpuscale.kube.kwok import KwokConfig, KwokProvider
 from gpuscale.kube.matching import ProviderIdMatcher
 from gpuscale.kube.scalers import ScalerReconciler
+from gpuscale.manifests.status import Condition, pool_status
 from gpuscale.metrics.prometheus import MetricSource
 from gpuscale.providers.base import Provider
 
@@ -119,6 +125,10 @@ class ControllerProcess:
     metric_sources: Callable[[str], MetricSource] | None = None
     """A trigger's serverAddress -> its metric source (default: a Prometheus client per address)."""
     scalers: ScalerReconciler | None = field(default=None, init=False)
+    gprs_enabled: bool = True
+    """Serve GPUProvisioningRequest objects with the GPR manager (:mod:`gpuscale.kube.gpr_store`)."""
+    gpr_store: KubeGprStore | None = field(default=None, init=False)
+    gpr_manager: GprManager | None = field(default=None, init=False)
     rounds: int = 0
     cache: KubeCache = field(init=False)
     backend: KubeBackend = field(init=False)
@@ -155,6 +165,16 @@ class ControllerProcess:
         self.controller = Controller(
             self.backend, self.provider, self._current_pools(), self.catalog, self.clock, self.config
         )
+        if self.gprs_enabled:
+            self.gpr_store = KubeGprStore(self.client, self.cache, self.catalog, self.clock, events=self.backend.events)
+            self.gpr_manager = GprManager(
+                self.gpr_store,
+                self.catalog,
+                config=config_from_env(self.env, provider=self.provider_name),
+                provider=self.provider,
+                clock=self.clock,
+                availability=self.controller.availability,
+            )
         return self
 
     def _provider(self) -> Provider:
@@ -197,11 +217,67 @@ class ControllerProcess:
             if self.endpoints is not None:
                 self.endpoints.metrics.observe_scalers(self.scalers.replicas, self.scalers.granted_gpus)
         result = self.controller.reconcile()
+        self._serve_gprs()
+        self._write_pool_status()
         self.rounds += 1
         if self.endpoints is not None:
             seconds = time.perf_counter() - started
             self.endpoints.after_round(self.controller.claims.values(), self.backend.list_pods(), result, seconds)
         return True
+
+    def _serve_gprs(self) -> None:
+        """Admit new GPR objects and run one GPR manager pass (a failure is logged; the next round retries)."""
+        if self.gpr_store is None or self.gpr_manager is None:
+            return
+        try:
+            self.gpr_store.sync()
+            report = self.gpr_manager.reconcile()
+        except (KubeError, GpuscaleError) as exc:
+            text = exc.describe() if isinstance(exc, KubeError) else str(exc)
+            log.warning("GPR round skipped: %s", text)
+            return
+        for err in report.errors:
+            log.warning("GPR manager: %s", err)
+
+    def _write_pool_status(self) -> None:
+        """Each GPUNodePool's status: its live nodes, their GPUs and $/h, and a Ready condition (only on change)."""
+        if self.pools is not None:
+            return
+        live = {ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED, ClaimPhase.INITIALIZED}
+        live.add(ClaimPhase.DRAINING)
+        types = self.catalog.by_name()
+        totals: dict[str, tuple[int, int, float]] = {}
+        for claim in self.controller.claims.values():
+            if claim.phase not in live:
+                continue
+            n, g, cost = totals.get(claim.pool, (0, 0, 0.0))
+            it = types.get(claim.instance_type)
+            totals[claim.pool] = (n + 1, g + (it.gpu_count if it else 0), cost + claim.hourly_price)
+        for obj in self.cache.objects("gpunodepools"):
+            name = str((obj.get("metadata") or {}).get("name", ""))
+            n, g, cost = totals.get(name, (0, 0, 0.0))
+            old = obj.get("status") or {}
+            if (old.get("nodes"), old.get("gpus"), old.get("hourlyCost")) == (n, g, round(cost, 2)) and old.get(
+                "conditions"
+            ):
+                continue
+            valid = name in self.controller.pools
+            cond = Condition(
+                "Ready",
+                "True" if valid else "False",
+                "Reconciled" if valid else "InvalidPool",
+                f"{n} node(s), {g} GPU(s)" if valid else "the pool could not be read (see the controller's log)",
+                datetime.datetime.fromtimestamp(self.clock.now(), tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            )
+            body = {"status": pool_status(n, g, cost, [cond])}
+            try:
+                self.client.run(
+                    self.client.api.patch(GPUNodePool.Status, name, body, patch_type=PatchType.MERGE),
+                    verb="patch",
+                    resource="gpunodepools.gpuscale.io/status",
+                )
+            except KubeError as exc:
+                log.info("pool %s status not written: %s", name, exc.describe())
 
     def run(self, max_rounds: int | None = None) -> None:
         """Reconcile until stopped: at the controller's next wake-up, on a cluster change, or every interval. With

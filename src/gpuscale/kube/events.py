@@ -140,8 +140,23 @@ class EventRecorder:
         b.tokens -= 1
         return True
 
-    def _emit(self, kind: str, ref: str, reason: str, etype: str, message: str) -> None:
-        if kind == "Pod":
+    def object_event(self, obj: dict[str, Any], reason: str, etype: str, message: str) -> None:
+        """An Event about any namespaced API object (``obj`` as the server sent it, e.g. a GPR), aggregated and
+        rate-limited like the others."""
+        meta = obj.get("metadata") or {}
+        ns, name = meta.get("namespace") or EVENT_NAMESPACE, str(meta.get("name", ""))
+        involved = {"kind": str(obj.get("kind", "")), "apiVersion": str(obj.get("apiVersion", "")), "name": name}
+        involved["namespace"] = ns
+        if meta.get("uid"):
+            involved["uid"] = meta["uid"]
+        self._emit(involved["kind"], f"{ns}/{name}", reason, etype, redact(message), involved=involved)
+
+    def _emit(
+        self, kind: str, ref: str, reason: str, etype: str, message: str, *, involved: dict[str, str] | None = None
+    ) -> None:
+        if involved is not None:
+            namespace, name = involved["namespace"], involved["name"]
+        elif kind == "Pod":
             namespace, name = ref.split("/", 1) if "/" in ref else ("default", ref)
         else:
             namespace, name = EVENT_NAMESPACE, ref
@@ -160,13 +175,14 @@ class EventRecorder:
         digest = hashlib.sha256(repr(key).encode()).hexdigest()[:10]
         ev_name = f"{name}.{digest}"
         self._seen[key] = _Seen(ev_name, namespace, 1, now)
-        uid = ""
-        if self.cache is not None:
-            cached = self.cache.get("pods" if kind == "Pod" else "nodes", ref)
-            uid = ((cached or {}).get("metadata") or {}).get("uid", "")
-        involved = {"kind": kind, "name": name, "apiVersion": "v1", **({"uid": uid} if uid else {})}
-        if kind == "Pod":
-            involved["namespace"] = namespace
+        if involved is None:
+            uid = ""
+            if self.cache is not None:
+                cached = self.cache.get("pods" if kind == "Pod" else "nodes", ref)
+                uid = ((cached or {}).get("metadata") or {}).get("uid", "")
+            involved = {"kind": kind, "name": name, "apiVersion": "v1", **({"uid": uid} if uid else {})}
+            if kind == "Pod":
+                involved["namespace"] = namespace
         body = KEvent.from_dict(
             {
                 "metadata": {"name": ev_name, "namespace": namespace},

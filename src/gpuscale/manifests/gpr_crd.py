@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from gpuscale.core.gpr import KIND, SHORT_NAME, GprState, spec_json_schema
-from gpuscale.manifests.crds import CrdSpec, Schema, _col
+from gpuscale.manifests.crds import CrdSpec, Schema, _col, conditions
 
 FILE_NAME = "gpuprovisioningrequest.yaml"
 HEADER = (
@@ -33,6 +33,10 @@ COMMENT = (
 
 def _nullable_string(**kw: Any) -> Schema:
     return {"type": "string", **kw, "nullable": True}
+
+
+CR_STATUS_FIELDS = ("gprId", "conditions", "gpuscale")
+"""Status fields only the custom resource has (written by :mod:`gpuscale.kube.gpr_store`), beside the EGS ones."""
 
 
 def status_schema() -> Schema:
@@ -75,6 +79,13 @@ def status_schema() -> Schema:
                     "nodeIds": strings,
                     "instanceType": {"type": "string"},
                 },
+            },
+            "gprId": {"description": "The request's gprId (its nodes' gpuscale.io/gpr label).", "type": "string"},
+            "conditions": conditions(),
+            "gpuscale": {
+                "description": "The controller's own record (accepted spec, lifecycle record, pending journal).",
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": True,
             },
         },
     }
