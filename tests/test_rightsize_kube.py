@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuscale.core.autoscale.rightsize_update import UpdateMode
 from gpuscale.fakes.kube_api import KubeAPIServer
@@ -165,6 +166,10 @@ def test_recreate_patches_once_within_the_band_and_off_only_recommends(world: Wo
     assert web["gpu"]["verdict"] == "fractional" and web["gpu"]["gpuMilli"] == 200
     advice = {e["involvedObject"]["name"] for e in world.events("GPURightsizeAdvice")}
     assert advice == {"llm", "web"}
+    jsonschema = pytest.importorskip("jsonschema")
+    for name in ("llm", "web", "new"):  # what the controller writes is what the CRD declares
+        jsonschema.validate(world.status("gpuworkloadscalers", name), _crd_schema()["properties"]["status"],
+                            format_checker=jsonschema.FormatChecker())  # fmt: skip
     assert world.status("gpuworkloadscalers", "new")["rightsizing"]["verdict"] == "NoRecommendation"
     assert _requests(world, "new")["cpu"] == "2", "no history: nothing to apply"
     assert set(srv.requests()) <= set(API_VERBS) | set(PREFLIGHT_VERBS), "RBAC: nothing beyond the granted verbs"
@@ -192,11 +197,14 @@ def test_the_rightsizing_reader(raw: dict[str, Any], mode: UpdateMode | None, er
         assert got is None and error in str(doc.problems[0]), doc.problems
 
 
-def test_the_crd_schema_follows_the_reader() -> None:
-    import yaml
-
+def _crd_schema() -> dict[str, Any]:
     crd = yaml.safe_load((Path(__file__).resolve().parents[1] / "deploy/crds/gpuworkloadscaler.yaml").read_text())
-    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def test_the_crd_schema_follows_the_reader() -> None:
+    schema = _crd_schema()
     spec = schema["properties"]["spec"]["properties"]["rightsizing"]
     assert list(spec["properties"]) == list(rz.RIGHTSIZING_FIELDS)
     assert spec["properties"]["updateMode"]["enum"] == list(rz.UPDATE_MODES)
