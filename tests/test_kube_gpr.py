@@ -14,12 +14,13 @@ import yaml
 
 from gpuscale.core.gpr import GPR_LABEL, GPR_TAINT
 from gpuscale.fakes.kube_api import KubeAPIServer
+from gpuscale.kube import API_VERBS, PREFLIGHT_VERBS
 from gpuscale.kube.gpr_store import RECORD_FIELD, gpr_id_for
 from gpuscale.kube.kwok import KwokConfig
 
 pytest.importorskip("lightkube")
 
-from test_kube_e2e import POOL, World  # the e2e world: emulator, scheduler, manual clock
+from test_kube_e2e import POOL, World, gpu_pod  # the e2e world: emulator, scheduler, manual clock
 
 CRD = yaml.safe_load((Path(__file__).parents[1] / "deploy" / "crds" / "gpuprovisioningrequest.yaml").read_text())
 STATUS_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
@@ -99,8 +100,31 @@ def test_a_gpr_applied_as_a_cr_is_provisioned_then_expires_and_is_released(world
     assert status(server, "train")["provisioningStatus"] == "Complete"
     reasons = events_on(world, "train")
     assert reasons[:3] == ["Queued", "Provisioning", "Provisioned"] and "Expired" in reasons
-    pool = server.get("gpunodepools", "ada", namespace="")
-    assert pool is not None and pool["status"]["nodes"] == 0 and pool["status"]["conditions"][0]["type"] == "Ready"
+    assert set(server.requests()) <= set(API_VERBS) | set(PREFLIGHT_VERBS), "RBAC grants everything used"
+
+
+def test_deleting_the_object_gives_its_nodes_back(world: World, server: KubeAPIServer) -> None:
+    created = server.create("gpuprovisioningrequests", gpr("short"), namespace="ml")
+    gpr_id = gpr_id_for(created)
+    world.until(lambda: len(gpr_nodes(server, gpr_id)) == 2)
+    server.delete("gpuprovisioningrequests", "short", namespace="ml")
+    world.until(lambda: not gpr_nodes(server, gpr_id))
+
+
+def test_pool_status_counts_nodes_gpus_and_cost(world: World, server: KubeAPIServer) -> None:
+    def pool_status() -> dict[str, Any]:
+        pool = server.get("gpunodepools", "ada", namespace="")
+        assert pool is not None
+        return dict(pool.get("status") or {})
+
+    world.round(0)
+    assert pool_status()["nodes"] == 0 and pool_status()["conditions"][0]["type"] == "Ready"
+    server.create("pods", gpu_pod("p-0"), namespace="ml")
+    world.scheduler.step()
+    world.until(lambda: pool_status().get("nodes") == 1)
+    st = pool_status()
+    assert st["gpus"] == 1 and st["hourlyCost"] > 0
+    assert st["conditions"][0]["status"] == "True" and "1 node(s)" in st["conditions"][0]["message"]
 
 
 def test_an_invalid_cr_gets_an_invalid_condition_and_an_event_not_a_crash(world: World, server: KubeAPIServer) -> None:

@@ -166,7 +166,6 @@ class KubeGprStore:
         self._pending: dict[int, JournalEntry] = {}
         self._done: list[JournalEntry] = []
         self._next_id = 1
-        self._rvs: dict[tuple[str, int], str] = {}
         self._checked: dict[str, str] = {}
         """``namespace/name`` -> the uid and spec found invalid (not read again until they change)."""
 
@@ -228,12 +227,9 @@ class KubeGprStore:
             gpr = Gpr(gpr_id, spec, status, float(rec["createdAt"]))
         except (ValueError, TypeError, KeyError, AttributeError, GpuscaleError) as exc:
             raise CorruptGpr(gpr_id, shorten(f"{type(exc).__name__}: {exc}", 300)) from None
-        rv = _rv(obj)
-        version = _version(rv)
         with self._lock:
-            self._rvs[(gpr_id, version)] = rv
             self._keys[gpr_id] = _key(obj)
-        return Stored(gpr, version)
+        return Stored(gpr, _version(_rv(obj)))
 
     def _status_for(self, gpr: Gpr, obj: Obj, journal: list[Obj]) -> Obj:
         now = self.clock.now()
