@@ -146,3 +146,14 @@ def test_cached_scores_match_a_fresh_scorer() -> None:
             fresh.prepare(state, wl)
             np.testing.assert_allclose(scores, fresh.score(state, req, cand), atol=1e-6)
         state.place(req, int(cand[int(np.argmax(scores))]))
+
+
+def test_a_resized_cluster_keeps_the_workload_and_matches_a_fresh_scorer() -> None:
+    small, big = cluster(1), cluster(3)
+    scorer = FillReserve()
+    scorer.prepare(small, workload())
+    scorer.score(small, HEAVY, np.array([0, 1]))
+    fresh = FillReserve()
+    fresh.prepare(big, workload())
+    cand = np.arange(len(big))
+    np.testing.assert_allclose(scorer.score(big, HEAVY, cand), fresh.score(big, HEAVY, cand))

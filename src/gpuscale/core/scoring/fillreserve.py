@@ -134,15 +134,22 @@ class FillReserve:
         self._mu = max(mu, 1.0)
         self._model = SlotModel(waste_shapes)
         self._frag = typical_shapes(state, workload, 0.95)
+        self._reset(state)
+
+    def _reset(self, state: ClusterState) -> None:
+        """Forget every per-row value (a new or resized cluster); the request shapes stay."""
+        assert self._model is not None
         self._cache.reset(state)
-        self._slots = np.zeros((len(state), len(waste_shapes.cpu)))
+        self._slots = np.zeros((len(state), len(self._model.used)))
         self._seen = np.full(len(state), -1, dtype=np.int64)
         self._free = np.zeros(len(state))
 
     def _sync(self, state: ClusterState) -> SlotModel:
         """Bring the per-row slot counts and free GPU totals up to date with ``state``."""
-        if self._model is None or self._slots.shape[0] != len(state):
+        if self._model is None:
             self.prepare(state, None)
+        elif self._slots.shape[0] != len(state) or self._cache.n != len(state):
+            self._reset(state)
         model = self._model
         assert model is not None
         self._cache.sync(state)
