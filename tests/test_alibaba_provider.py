@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +25,17 @@ from gpuscale.errors import (
     TransientProviderError,
 )
 from gpuscale.fakes.alibaba_api import ACTIONS, FakeAlibabaAPI
-from gpuscale.providers.alibaba import API_CALLS, AlibabaConfig, AlibabaProvider, pool_name
-from gpuscale.providers.base import CloudNodeState, LaunchRequest, ProviderEventKind
+from gpuscale.providers.alibaba import (
+    API_CALLS,
+    AlibabaConfig,
+    AlibabaProvider,
+    Entry,
+    bind,
+    decode_ledger,
+    encode_ledger,
+    pool_name,
+)
+from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, ProviderEventKind
 from provider_contract import ContractBackend
 
 CLUSTER = "c-gpu"
@@ -148,11 +157,11 @@ def test_tasks_are_polled_across_rounds_and_scale_out_waits_for_a_busy_pool(
     p = _provider(fake, clock)
     a = [n.node_id for n in p.launch(_req("r1", count=2))]
     b = [n.node_id for n in p.launch(_req("r2"))]  # the pool is still being created: the scale-out waits
-    assert fake.calls.count("ScaleClusterNodePool") == 0
+    assert fake.calls.count("ModifyClusterNodePool") == 0
     assert [n.node_id for n in p.list_nodes()] == sorted(a + b)
     clock.sleep(61)
     nodes = p.list_nodes()  # create done: r1's nodes bound, the scale-out asked
-    assert fake.calls.count("ScaleClusterNodePool") == 1
+    assert fake.calls.count("ModifyClusterNodePool") == 1
     assert sorted(n.node_id for n in nodes) == sorted(a + b)
     assert all(n.node_name for n in nodes if n.request_id == "r1")
     clock.sleep(61)
@@ -170,8 +179,11 @@ def test_removal_names_the_node_skips_acks_drain_and_idle_pools_go(env: tuple[Fa
     clock.sleep(61)
     nodes = p.list_nodes()
     victim = nodes[1]
-    p.delete_node(victim.node_id)
+    p.delete_node(victim.node_id)  # first the ledger marks the node as going; the removal follows next round
     assert victim.node_id not in {n.node_id for n in p.list_nodes()}
+    assert fake.removals == [] and f"~{victim.instance_id}" in _ledger_text(fake)
+    clock.sleep(61)
+    p.poll_errors()
     assert fake.removals == [
         {
             "pool": next(iter(fake.pools(CLUSTER))),
@@ -183,12 +195,9 @@ def test_removal_names_the_node_skips_acks_drain_and_idle_pools_go(env: tuple[Fa
     clock.sleep(61)
     for n in p.list_nodes():
         p.delete_node(n.node_id)  # the pool is busy with the first removal for one more round: queued
-    clock.sleep(61)
-    p.poll_errors()
-    clock.sleep(61)
-    p.poll_errors()
-    clock.sleep(61)
-    p.poll_errors()
+    for _ in range(6):
+        clock.sleep(61)
+        p.poll_errors()
     assert p.list_nodes() == [] and fake.pools(CLUSTER) == {}
     assert sorted(i for r in fake.removals for i in r["instance_ids"]) == sorted(n.instance_id for n in nodes)
 
@@ -335,16 +344,138 @@ def test_alibaba_catalog_types_launch(env: tuple[FakeAlibabaAPI, ManualClock]) -
     assert [n.instance_type for n in nodes] == [itype.name]
 
 
-def test_after_a_restart_nodes_are_listed_by_instance_id_for_adoption(env: tuple[FakeAlibabaAPI, ManualClock]) -> None:
+def _ledger_text(fake: FakeAlibabaAPI) -> str:
+    """Every pool's ledger tags, joined (what ACK keeps, not what the provider remembers)."""
+    return ",".join(
+        t["value"]
+        for pool in fake.pools(CLUSTER).values()
+        for t in pool["body"]["scaling_group"].get("tags", [])
+        if t["key"].startswith("gpuscale.ledger.")
+    )
+
+
+def _by_request(nodes: Sequence[CloudNode]) -> dict[str, list[tuple[str, str]]]:
+    out: dict[str, list[tuple[str, str]]] = {}
+    for n in sorted(nodes, key=lambda n: n.node_id):
+        out.setdefault(n.request_id, []).append((n.node_id, n.instance_id))
+    return out
+
+
+def test_ledger_round_trips_any_request_id_within_acks_tag_limits() -> None:
+    entries = [
+        Entry("claim/a,b~c", 0),
+        Entry("ünïcode id with spaces", 3, "i-abc"),
+        *(Entry("r" * 60 + str(i), i) for i in range(12)),
+    ]
+    tags = encode_ledger(entries)
+    assert len(tags) > 1 and all(len(v) <= 128 for v in tags.values())
+    assert decode_ledger({**tags, "gpuscale": "managed", "other": "x"}) == entries
+
+
+def test_bind_pairs_nodes_and_slots_in_order_without_tombstoned_nodes() -> None:
+    ledger = [Entry("a", 0), Entry("a", 1, "i-2"), Entry("b", 0), Entry("c", 0)]
+    bound, open_ = bind(ledger, ["i-1", "i-2", "i-3"])  # i-2 is being removed
+    assert bound == {"i-1": Entry("a", 0), "i-3": Entry("b", 0)} and open_ == [Entry("c", 0)]
+    bound, open_ = bind(ledger, ["i-1", "i-3"])  # its removal done: the order is unchanged
+    assert bound == {"i-1": Entry("a", 0), "i-3": Entry("b", 0)} and open_ == [Entry("c", 0)]
+
+
+def test_the_ledger_is_written_in_the_call_that_scales_the_pool(env: tuple[FakeAlibabaAPI, ManualClock]) -> None:
+    fake, clock = env
+    p = _provider(fake, clock)
+    p.launch(_req("r1", count=2))
+    assert _ledger_text(fake) == "r1/0,r1/1"  # CreateClusterNodePool carried it
+    clock.sleep(61)
+    p.list_nodes()
+    calls = len(fake.calls)
+    p.launch(_req("r2"))
+    assert fake.calls[calls:].count("ModifyClusterNodePool") == 1 and "ScaleClusterNodePool" not in fake.calls
+    (pool,) = fake.pools(CLUSTER).values()
+    assert pool["body"]["scaling_group"]["desired_size"] == 3 and _ledger_text(fake) == "r1/0,r1/1,r2/0"
+
+
+def test_after_a_restart_every_node_has_its_request_and_a_relaunch_creates_nothing(
+    env: tuple[FakeAlibabaAPI, ManualClock],
+) -> None:
     fake, clock = env
     first = _provider(fake, clock)
     first.launch(_req("r1", count=2))
     clock.sleep(61)
-    before = first.list_nodes()
-    second = _provider(fake, clock)
-    after = second.list_nodes()
-    assert sorted(n.node_id for n in after) == sorted(n.instance_id for n in before)
-    assert {n.request_id for n in after} == {""} and {n.pool for n in after} == {"gpu"}
-    second.delete_node(after[0].node_id)  # an adopted node is deleted by its instance id
+    first.launch(_req("r2"))
     clock.sleep(61)
-    assert [n.node_id for n in second.list_nodes()] == [after[1].node_id]
+    before = _by_request(first.list_nodes())
+    assert sorted(before) == ["r1", "r2"] and all(i for ns in before.values() for _, i in ns)
+    second = _provider(fake, clock)  # a restart: a new provider on the same cloud
+    assert _by_request(second.list_nodes()) == before
+    calls = len(fake.calls)
+    again = second.launch(_req("r1", count=2))
+    assert sorted(n.node_id for n in again) == [i for i, _ in before["r1"]]
+    assert not {"CreateClusterNodePool", "ModifyClusterNodePool"} & set(fake.calls[calls:])
+    assert len(fake.pools(CLUSTER)[next(iter(fake.pools(CLUSTER)))]["nodes"]) == 3
+
+
+def test_a_crash_right_after_the_scale_call_leaves_slots_that_are_adopted_not_doubled(
+    env: tuple[FakeAlibabaAPI, ManualClock],
+) -> None:
+    fake, clock = env
+    first = _provider(fake, clock)
+    first.launch(_req("r1"))
+    clock.sleep(61)
+    slot = first.launch(_req("r2", count=2))  # the scale-out task runs; the process dies now
+    second = _provider(fake, clock)
+    pending = [n for n in second.list_nodes() if n.request_id == "r2"]
+    assert sorted(n.node_id for n in pending) == sorted(n.node_id for n in slot)
+    assert {n.state for n in pending} == {CloudNodeState.PROVISIONING}
+    calls = len(fake.calls)
+    assert sorted(n.node_id for n in second.launch(_req("r2", count=2))) == sorted(n.node_id for n in slot)
+    assert "ModifyClusterNodePool" not in fake.calls[calls:]
+    clock.sleep(61)
+    done = _by_request(second.list_nodes())
+    assert [i for i, _ in done["r2"]] == sorted(n.node_id for n in slot) and all(i for _, i in done["r2"])
+    assert sum(len(p["nodes"]) for p in fake.pools(CLUSTER).values()) == 3
+
+
+def test_a_crash_between_the_tombstone_and_the_removal_still_removes_that_node_only(
+    env: tuple[FakeAlibabaAPI, ManualClock],
+) -> None:
+    fake, clock = env
+    first = _provider(fake, clock)
+    first.launch(_req("r1", count=2))
+    clock.sleep(61)
+    first.launch(_req("r2"))
+    clock.sleep(61)
+    nodes = _by_request(first.list_nodes())
+    victim_id, victim = nodes["r1"][1]
+    first.delete_node(victim_id)  # the ledger write; the process dies before RemoveNodePoolNodes
+    second = _provider(fake, clock)
+    assert victim not in {n.instance_id for n in second.list_nodes()}
+    for _ in range(3):
+        clock.sleep(61)
+        second.poll_errors()
+    assert [r["instance_ids"] for r in fake.removals] == [[victim]]
+    third = _provider(fake, clock)  # the removal done: the other nodes keep their requests
+    assert _by_request(third.list_nodes()) == {"r1": nodes["r1"][:1], "r2": nodes["r2"]}
+    assert victim not in _ledger_text(fake)  # the finished tombstone was dropped
+
+
+def test_a_failed_scale_out_reported_after_a_restart(env: tuple[FakeAlibabaAPI, ManualClock]) -> None:
+    fake, clock = env
+    first = _provider(fake, clock)
+    first.launch(_req("r1"))
+    clock.sleep(61)
+    first.list_nodes()
+    fake.no_stock.add(ITYPE)
+    first.launch(_req("r2"))  # the task will fail; the process dies before it learns so
+    clock.sleep(61)
+    second = _provider(fake, clock)
+    events = second.poll_errors()
+    assert [(e.kind, e.request_id) for e in events] == [(ProviderEventKind.LAUNCH_FAILED, "r2")]
+    assert [n.request_id for n in second.list_nodes()] == ["r1"] and "r2" not in _ledger_text(fake)
+
+
+def test_a_ledger_beyond_acks_tag_limit_is_refused_at_launch(env: tuple[FakeAlibabaAPI, ManualClock]) -> None:
+    fake, clock = env
+    p = _provider(fake, clock, max_pool_nodes=100)
+    with pytest.raises(QuotaExceeded, match="tags"):
+        p.launch(_req("x" * 40, count=80))
+    assert fake.pools(CLUSTER) == {}

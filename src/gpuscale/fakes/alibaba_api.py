@@ -10,6 +10,8 @@ error format (``{"code", "message", "requestId"}``) and is recorded in :attr:`Fa
 response that does not round-trip through its model is recorded in :attr:`FakeAlibabaAPI.response_errors`.
 
 Actions: CreateClusterNodePool, DescribeClusterNodePools, ScaleClusterNodePool (adds ``count`` nodes),
+ModifyClusterNodePool (``scaling_group.tags``, kept at once, and a ``desired_size`` that grows the pool in a task;
+tags are held to Auto Scaling's limits: 20 per group, 128 characters per key and value),
 RemoveNodePoolNodes (``drain_node`` and ``release_node`` recorded in :attr:`FakeAlibabaAPI.removals`),
 DeleteClusterNodepool, DescribeClusterNodes, DescribeTaskInfo. Changes are tasks that run ``task_delay_s`` on the
 injected clock; a pool runs one task at a time (another gets 400 ``ErrorNodePoolNotActive``, the fake's name for
@@ -60,6 +62,12 @@ ACTIONS: dict[str, tuple[str, str, Any, Any]] = {
         "/clusters/<cluster>/nodepools/<pool>",
         cs.ScaleClusterNodePoolRequest,
         cs.ScaleClusterNodePoolResponseBody,
+    ),
+    "ModifyClusterNodePool": (
+        "PUT",
+        "/clusters/<cluster>/nodepools/<pool>",
+        cs.ModifyClusterNodePoolRequest,
+        cs.ModifyClusterNodePoolResponseBody,
     ),
     "RemoveNodePoolNodes": (
         "DELETE",
@@ -396,6 +404,8 @@ class FakeAlibabaAPI:
             raise _Fail(404, "ErrorNodePoolNotFound", f"node pool {args['pool']} not found")
         if action == "ScaleClusterNodePool":
             return self._scale(pool, int(body["count"]))
+        if action == "ModifyClusterNodePool":
+            return self._modify(pool, body)
         if action == "RemoveNodePoolNodes":
             return self._remove(pool, query)
         if action == "DeleteClusterNodepool":
@@ -416,7 +426,7 @@ class FakeAlibabaAPI:
                     pool = pools.get(task.pool)
                     if pool is not None and pool.task == task.id:
                         pool.task = ""
-                        if pool.state in ("initial", "scaling", "removing"):
+                        if pool.state in ("initial", "scaling", "removing", "updating"):
                             pool.state = "active"
         for pools in self._clusters.values():
             for pool in pools.values():
@@ -459,6 +469,7 @@ class FakeAlibabaAPI:
         if any(p.body["nodepool_info"]["name"] == name for p in pools.values()):
             raise _Fail(400, "ErrorNodePoolNameExists", f"node pool name {name} already exists")
         count = int(body.get("scaling_group", {}).get("desired_size", body.get("count", 0)))
+        self._check_tags(body.get("scaling_group", {}).get("tags", []))
         self._quota(count)
         pool = _Pool(f"np{next(self._ids):08x}", cluster, body, self.clock.now())
         pools[pool.id] = pool
@@ -474,6 +485,39 @@ class FakeAlibabaAPI:
         self._quota(count)
         pool.state = "scaling"
         return {"task_id": self._task(pool.cluster, "nodepool_scaleout", pool, lambda: self._add_nodes(pool, count))}
+
+    @staticmethod
+    def _check_tags(tags: list[dict[str, str]]) -> None:
+        """Auto Scaling's tag limits: at most 20 tags, keys and values of at most 128 characters, unique keys."""
+        keys = [t.get("key", "") for t in tags]
+        if len(tags) > 20 or len(set(keys)) != len(keys):
+            raise _Fail(400, "InvalidParameter", f"scaling_group.tags: {len(tags)} tags, at most 20 unique keys")
+        if any(not k or len(k) > 128 or len(t.get("value", "")) > 128 for k, t in zip(keys, tags, strict=True)):
+            raise _Fail(400, "InvalidParameter", "scaling_group.tags: a key or value is empty or over 128 characters")
+
+    def _modify(self, pool: _Pool, body: dict[str, Any]) -> dict[str, Any]:
+        """``scaling_group.tags`` replace the pool's tags at once; ``scaling_group.desired_size`` above the pool's
+        node count adds the difference in the task (scale-in by desired size is not modelled: 400)."""
+        self._busy(pool)
+        sg = {k: v for k, v in body.get("scaling_group", {}).items() if v not in (None, [], {}, "")}
+        given = {k for k, v in body.items() if v not in (None, [], {}, "")}
+        unsupported = sorted(given - {"scaling_group"}) + sorted(set(sg) - {"tags", "desired_size"})
+        if unsupported:
+            raise _Fail(400, "InvalidParameter", f"the fake does not model changing {', '.join(unsupported)}")
+        add = 0
+        if "desired_size" in sg:
+            add = int(sg["desired_size"]) - len(pool.nodes)
+            if add < 0:
+                raise _Fail(400, "InvalidParameter", "the fake does not model scale-in by desired_size")
+            self._quota(add)
+        if "tags" in sg:
+            self._check_tags(sg["tags"])
+            pool.body.setdefault("scaling_group", {})["tags"] = [dict(t) for t in sg["tags"]]
+        if "desired_size" in sg:
+            pool.body["scaling_group"]["desired_size"] = int(sg["desired_size"])
+        pool.state = "updating"
+        task = self._task(pool.cluster, "nodepool_update", pool, lambda: self._add_nodes(pool, add) if add else None)
+        return {"task_id": task, "nodepool_id": pool.id, "request_id": "fake-request"}
 
     def _remove(self, pool: _Pool, query: dict[str, str]) -> dict[str, Any]:
         self._busy(pool)

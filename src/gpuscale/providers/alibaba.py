@@ -7,15 +7,22 @@ One node pool per offering (gpuscale pool, instance type, zone, capacity type, l
 Kubernetes labels and taints (``nvidia.com/gpu=present:NoSchedule`` besides the request's), ACK's own auto scaling
 off (gpuscale is the autoscaler), ``max_nodes`` as the pool's maximum and ``desired_size`` = the launch's count; spot
 pools use ``SpotWithPriceLimit`` with the configured price limit of the type (``SpotAsPriceGo`` when none is set).
-A launch into an existing pool adds its count with ``ScaleClusterNodePool``. A specific node leaves with
-``RemoveNodePoolNodes`` (``drain_node=false``: gpuscale has drained it; ``release_node=true``), never by lowering
-the pool's size; pools left with no node are deleted.
+A launch into an existing pool raises its ``desired_size`` with ``ModifyClusterNodePool``. A specific node leaves
+with ``RemoveNodePoolNodes`` (``drain_node=false``: gpuscale has drained it; ``release_node=true``), never by
+lowering the pool's size; pools left with no node are deleted.
 
-As on GKE, a launch reserves slots (node ids ``<pool id>/<request key>/<i>``) and returns at once; ACK's changes are
-tasks, read with ``DescribeTaskInfo`` on later rounds, never waited on. New nodes get the open slots in creation
-order. ACK keeps no per-node label gpuscale could write, so the slot of a node lives in this process: after a
-restart, nodes of gpuscale pools are listed with their instance id as node id and no request id, and the controller
-adopts them as such; a relaunch of a request id served before the restart creates its nodes again.
+The ledger
+----------
+ACK keeps no per-node label gpuscale could write, so each pool's scaling-group tags ``gpuscale.ledger.<i>`` hold the
+slots it was asked for, in ask order (:class:`Entry`: request id, slot, and the instance id once its node is being
+removed). The ledger is written in the very call that asks for nodes (``CreateClusterNodePool``, or
+``ModifyClusterNodePool`` with the new ``desired_size`` and tags together), and a removal is tombstoned in it before
+``RemoveNodePoolNodes``. One task at a time per pool makes ACK create nodes in ask order, so :func:`bind` pairs nodes
+(by creation time) with slots. Only work not yet asked of ACK lives in the process: after a restart every node is
+listed with its request id and node id ``<pool name>/<request key>/<i>``, and a relaunch creates nothing.
+
+As on GKE, a launch reserves slots and returns at once; ACK's changes are tasks, read with ``DescribeTaskInfo`` on
+later rounds, never waited on. An idle pool whose ledger still has slots without nodes failed to get them.
 
 A pool runs one task at a time: a scale-out or a removal asked while a task runs waits for the next round (the node
 is hidden from ``list_nodes`` at once).
@@ -41,6 +48,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
+from urllib.parse import quote, unquote
 
 from alibabacloud_cs20151215 import models as cs
 from alibabacloud_cs20151215.client import Client
@@ -71,7 +79,16 @@ from gpuscale.providers.base import (
     ProviderEventKind,
 )
 
-__all__ = ["API_CALLS", "AlibabaConfig", "AlibabaProvider", "pool_name"]
+__all__ = [
+    "API_CALLS",
+    "AlibabaConfig",
+    "AlibabaProvider",
+    "Entry",
+    "bind",
+    "decode_ledger",
+    "encode_ledger",
+    "pool_name",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -80,10 +97,15 @@ PROVIDER_NAME = "alibaba"
 KEY_ID_ENV, KEY_SECRET_ENV = "ALIBABA_CLOUD_ACCESS_KEY_ID", "ALIBABA_CLOUD_ACCESS_KEY_SECRET"
 GPU_TAINT = Taint("nvidia.com/gpu", TaintEffect.NO_SCHEDULE, "present")
 MANAGED_TAG = {"key": "gpuscale", "value": "managed"}
+LEDGER_PREFIX = "gpuscale.ledger."
+TAG_VALUE_MAX = 128
+"""Characters of one tag value (ECS and Auto Scaling tag values allow 128)."""
+TAGS_MAX = 20
+"""Tags on one scaling group (Auto Scaling allows 20)."""
 API_CALLS = (
     "CreateClusterNodePool",
     "DescribeClusterNodePools",
-    "ScaleClusterNodePool",
+    "ModifyClusterNodePool",
     "RemoveNodePoolNodes",
     "DeleteClusterNodepool",
     "DescribeClusterNodes",
@@ -161,14 +183,66 @@ class AlibabaConfig:
                 raise InputError("must be at least 1", where=f"alibaba config {name}", value=getattr(self, name))
 
 
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One slot of a pool's ledger: a request's slot, live (``gone is None``), cancelled before its node came
+    (``gone == ""``) or with its node ``gone`` being removed."""
+
+    request_id: str
+    slot: int
+    gone: str | None = None
+
+    def encode(self) -> str:
+        tail = "" if self.gone is None else "~" + self.gone
+        return f"{quote(self.request_id, safe='').replace('~', '%7E')}/{self.slot}{tail}"
+
+    @classmethod
+    def decode(cls, text: str) -> Entry:
+        head, sep, gone = text.partition("~")
+        rid, _, slot = head.rpartition("/")
+        return cls(unquote(rid), int(slot), gone if sep else None)
+
+
+def encode_ledger(entries: Sequence[Entry]) -> dict[str, str]:
+    """The ledger as scaling-group tags ``gpuscale.ledger.<i>`` of at most :data:`TAG_VALUE_MAX` characters each."""
+    tags: list[str] = []
+    for text in (e.encode() for e in entries):
+        if tags and len(tags[-1]) + 1 + len(text) <= TAG_VALUE_MAX:
+            tags[-1] += "," + text
+        else:
+            tags.append(text)
+    return {f"{LEDGER_PREFIX}{i}": v for i, v in enumerate(tags)}
+
+
+def decode_ledger(tags: Mapping[str, str]) -> list[Entry]:
+    """Inverse of :func:`encode_ledger` (other tags are ignored)."""
+    parts = sorted(
+        (int(k[len(LEDGER_PREFIX) :]), v)
+        for k, v in tags.items()
+        if k.startswith(LEDGER_PREFIX) and k[len(LEDGER_PREFIX) :].isdigit()
+    )
+    return [Entry.decode(t) for _, v in parts for t in v.split(",") if t]
+
+
+def bind(entries: Sequence[Entry], instance_ids: Sequence[str]) -> tuple[dict[str, Entry], list[Entry]]:
+    """Which ledger entry each node serves, and the entries still waiting for a node.
+
+    Nodes (in creation order) and entries (in ask order) pair up once the nodes named by removal tombstones are
+    set aside from both: one task at a time per pool makes ACK create nodes in the order they were asked for.
+    """
+    tomb = {e.gone for e in entries if e.gone}
+    live = [e for e in entries if not e.gone]
+    nodes = [i for i in instance_ids if i not in tomb]
+    return dict(zip(nodes, live, strict=False)), live[len(nodes) :]
+
+
 @dataclass
 class _Slots:
     request: LaunchRequest
     key: str
     pool: str  # pool name
-    open: list[int]
+    count: int
     at: float
-    asked: bool = False
 
 
 @dataclass
@@ -180,7 +254,11 @@ class _Pool:
     zone: str
     spot: bool
     labels: dict[str, str]
+    tags: dict[str, str] = field(default_factory=dict)
     nodes: list[cs.DescribeClusterNodesResponseBodyNodes] = field(default_factory=list)
+    ledger: list[Entry] = field(default_factory=list)
+    bound: dict[str, Entry] = field(default_factory=dict)
+    open: list[Entry] = field(default_factory=list)
 
 
 class AlibabaProvider:
@@ -217,17 +295,16 @@ class AlibabaProvider:
         self._runtime = RuntimeOptions(autoretry=False, max_attempts=1, read_timeout=ms, connect_timeout=ms)
         self._zone_of = {v: z for z, vs in config.vswitches.items() for v in vs}
         self._lock = threading.RLock()
-        self._slots: dict[str, _Slots] = {}
-        self._bound: dict[str, tuple[str, int]] = {}  # instance id -> (request key, slot)
-        self._request_ids: dict[str, str] = {}
+        # Only work not yet asked of ACK lives here; what was asked is in the pools' ledgers.
+        self._waiting: dict[str, _Slots] = {}  # request key -> slots to add with the next ledger write
         self._tasks: dict[str, tuple[str, str]] = {}  # task id -> (pool id, purpose)
-        self._removing: dict[str, set[str]] = {}  # pool id -> instance ids to remove (asked or not yet)
-        self._asked_removal: set[str] = set()
-        self._cancelled: dict[str, int] = {}
+        self._removing: dict[str, set[str]] = {}  # pool id -> instance ids to tombstone and remove
+        self._cancel: dict[str, set[tuple[str, int]]] = {}  # pool id -> open (request id, slot) to cancel
+        self._failed: dict[str, ProviderError] = {}  # pool id -> why its last create or scale-out task failed
+        self._raised: set[str] = set()  # pools whose creation failed at once (the launch raised)
         self._unavailable: dict[tuple[str, str, CapacityType], float] = {}
         self._events: list[ProviderEvent] = []
         self._seen: dict[str, float] = {}
-        self._pool_ids: dict[str, str] = {}  # pool name -> id
 
     def __repr__(self) -> str:
         return f"AlibabaProvider(cluster_id={self.config.cluster_id!r}, region={self.config.region!r})"
@@ -266,18 +343,18 @@ class AlibabaProvider:
             )
         key = label_key(request.request_id)
         with self._lock:
-            self._request_ids[key] = request.request_id
             pools = self._observe()
             served = [n for n in self._nodes(pools) if n.request_id == request.request_id]
-            if served:
-                return served
-            total = sum(len(p.nodes) for p in pools.values()) + sum(len(s.open) for s in self._slots.values())
+            if served or any(e.request_id == request.request_id for p in pools.values() for e in p.ledger):
+                return served  # asked before (maybe by an earlier process): nothing new
+            total = sum(len(p.nodes) + len(p.open) for p in pools.values())
+            total += sum(s.count for s in self._waiting.values())
             if total + request.count > self.config.max_nodes:
                 raise QuotaExceeded(
                     f"alibaba: max_nodes {self.config.max_nodes} reached ({total} gpuscale nodes)", provider=self.name
                 )
             name = pool_name(request)
-            slots = _Slots(request, key, name, list(range(request.count)), self.clock.now())
+            slots = _Slots(request, key, name, request.count, self.clock.now())
             pool = next((p for p in pools.values() if p.name == name), None)
             if pool is None:
                 if len(pools) >= self.config.max_pools:
@@ -285,35 +362,42 @@ class AlibabaProvider:
                         f"alibaba: max_pools {self.config.max_pools} gpuscale node pools exist", provider=self.name
                     )
                 self._create_pool(request, name)
-                slots.asked = True
-            elif len(pool.nodes) + request.count > self.config.max_pool_nodes:
+                return self._slot_nodes(slots)
+            if len(pool.nodes) + len(pool.open) + request.count > self.config.max_pool_nodes:
                 raise QuotaExceeded(
                     f"alibaba: pool {name} would exceed {self.config.max_pool_nodes} nodes", provider=self.name
                 )
-            self._slots[key] = slots
-            if pool is not None:
-                self._scale_out(pool, raise_errors=True)
+            self._waiting[key] = slots
+            try:
+                self._sync(pool, raise_errors=True)
+            except ProviderError:
+                self._waiting.pop(key, None)
+                raise
             return self._slot_nodes(slots)
 
     def delete_node(self, node_id: str) -> None:
-        """Remove one node (``RemoveNodePoolNodes`` without ACK's drain), or cancel its open slot."""
+        """Remove one node (tombstoned in the ledger, then ``RemoveNodePoolNodes`` without ACK's drain), or cancel
+        its open slot."""
         with self._lock:
             pools = self._observe()
             for pool in pools.values():
                 for node in pool.nodes:
                     if node_id in (node.instance_id, self._node_id(pool, node)):
                         self._removing.setdefault(pool.id, set()).add(node.instance_id)
-                        self._remove_queued(pool)
+                        self._sync(pool, raise_errors=True)
+                        return
+                for e in pool.open:
+                    if node_id == f"{pool.name}/{label_key(e.request_id)}/{e.slot}" and e.gone is None:
+                        self._cancel.setdefault(pool.id, set()).add((e.request_id, e.slot))
+                        self._sync(pool, raise_errors=True)
                         return
             pool_name_, _, rest = node_id.partition("/")
             key, _, slot = rest.partition("/")
-            s = self._slots.get(key)
-            if s is not None and s.pool == pool_name_ and slot.isdigit() and int(slot) in s.open:
-                s.open.remove(int(slot))
-                if s.asked:
-                    self._cancelled[s.pool] = self._cancelled.get(s.pool, 0) + 1
-                if not s.open:
-                    del self._slots[key]
+            s = self._waiting.get(key)
+            if s is not None and s.pool == pool_name_ and slot.isdigit() and int(slot) < s.count:
+                s.count -= 1
+                if not s.count:
+                    del self._waiting[key]
 
     def list_nodes(self) -> Sequence[CloudNode]:
         """Nodes of gpuscale's pools (not being removed) and slots still waiting for a node."""
@@ -331,29 +415,106 @@ class AlibabaProvider:
     def _observe(self) -> dict[str, _Pool]:
         self._poll_tasks()
         pools = self._pools()
-        busy = {pid for pid, _ in self._tasks.values()}
         for pool in pools.values():
-            self._bind(pool)
-            if pool.id in self._removing:  # forget removals that are done
-                self._removing[pool.id] &= {n.instance_id for n in pool.nodes}
-        self._asked_removal &= {i for ids in self._removing.values() for i in ids}
-        for pool in pools.values():
-            if pool.id in busy or pool.state in _BUSY_STATES:
-                continue
-            if self._removing.get(pool.id):
-                self._remove_queued(pool)
-            elif any(s.pool == pool.name and not s.asked for s in self._slots.values()):
-                self._scale_out(pool, raise_errors=False)
-            elif not pool.nodes and not any(s.pool == pool.name for s in self._slots.values()):
-                task = self._call(
-                    f"delete pool {pool.id}",
-                    lambda p=pool: self._client.delete_cluster_nodepool_with_options(  # type: ignore[misc]
-                        self.config.cluster_id, p.id, cs.DeleteClusterNodepoolRequest(), {}, self._runtime
-                    ),
-                )
-                self._tasks[task.body.task_id] = (pool.id, "delete")
-                log.info("alibaba: deleting idle pool %s (%s)", pool.id, pool.name)
+            self._sync(pool, raise_errors=False)
         return pools
+
+    def _idle(self, pool: _Pool) -> bool:
+        return pool.state not in _BUSY_STATES and not any(pid == pool.id for pid, _ in self._tasks.values())
+
+    def _sync(self, pool: _Pool, *, raise_errors: bool) -> None:
+        """One step for an idle pool: a ledger write (with any scale-out in the same call), else the removal of
+        tombstoned nodes, else the deletion of an empty pool."""
+        if not self._idle(pool):
+            return
+        present = {n.instance_id for n in pool.nodes}
+        ledger = [e for e in pool.ledger if not e.gone or e.gone in present]  # finished removals drop out
+        cancel = self._cancel.pop(pool.id, set())
+        if pool.open:  # an idle pool with slots but no node for them: the asking task failed
+            err = self._failed.pop(pool.id, None) or ProviderError(
+                f"alibaba: pool {pool.name} settled without nodes for {len(pool.open)} slots", provider=self.name
+            )
+            if pool.id not in self._raised:
+                self._report_failed([e for e in pool.open if (e.request_id, e.slot) not in cancel], pool, err)
+            ledger = [e for e in ledger if e not in pool.open]
+        cancelled = {iid for iid, e in pool.bound.items() if (e.request_id, e.slot) in cancel}
+        if cancelled:  # the nodes of slots cancelled while the pool was busy: removed like any other
+            self._removing.setdefault(pool.id, set()).update(cancelled)
+        removing = self._removing.get(pool.id, set()) & present
+        by_node = {e: iid for iid, e in pool.bound.items()}
+        ledger = [Entry(e.request_id, e.slot, by_node[e]) if by_node.get(e) in removing else e for e in ledger]
+        waiting = [s for s in self._waiting.values() if s.pool == pool.name]
+        ledger += [Entry(s.request.request_id, i) for s in waiting for i in range(s.count)]
+        count = sum(s.count for s in waiting)
+        if ledger != pool.ledger or count:
+            self._modify(pool, ledger, len(pool.nodes) + count if count else None, waiting, raise_errors)
+            return
+        tombstoned = sorted({e.gone for e in ledger if e.gone} & present)
+        if tombstoned:
+            self._remove(pool, tombstoned)
+        elif not pool.nodes and not ledger:
+            task = self._call(
+                f"delete pool {pool.id}",
+                lambda p=pool: self._client.delete_cluster_nodepool_with_options(  # type: ignore[misc]
+                    self.config.cluster_id, p.id, cs.DeleteClusterNodepoolRequest(), {}, self._runtime
+                ),
+            )
+            self._tasks[task.body.task_id] = (pool.id, "delete")
+            log.info("alibaba: deleting idle pool %s (%s)", pool.id, pool.name)
+
+    def _modify(
+        self, pool: _Pool, ledger: list[Entry], desired: int | None, waiting: list[_Slots], raise_errors: bool
+    ) -> None:
+        tags = {k: v for k, v in pool.tags.items() if not k.startswith(LEDGER_PREFIX)} | encode_ledger(ledger)
+        if len(tags) > TAGS_MAX:
+            err = QuotaExceeded(
+                f"alibaba: the ledger of pool {pool.name} needs more than {TAGS_MAX} tags; use fewer slots per pool",
+                provider=self.name,
+            )
+            self._fail_waiting(waiting, err, report=not raise_errors)
+            if raise_errors:
+                raise err
+            return
+        sg = cs.ModifyClusterNodePoolRequestScalingGroup(
+            tags=[cs.Tag(key=k, value=v) for k, v in sorted(tags.items())], desired_size=desired
+        )
+        try:
+            task = self._call(
+                f"update pool {pool.id}",
+                lambda: self._client.modify_cluster_node_pool_with_options(
+                    self.config.cluster_id,
+                    pool.id,
+                    cs.ModifyClusterNodePoolRequest(scaling_group=sg),
+                    {},
+                    self._runtime,
+                ),
+            )
+        except ProviderError as exc:
+            if isinstance(exc, InsufficientCapacity):
+                for s in waiting:
+                    self._mark_unavailable(s.request)
+            self._fail_waiting(waiting, exc, report=not raise_errors)
+            if raise_errors:
+                raise
+            return
+        for s in waiting:
+            self._waiting.pop(s.key, None)
+        self._tasks[task.body.task_id] = (pool.id, "scale" if desired is not None else "update")
+        pool.ledger = ledger
+        pool.bound, pool.open = bind(ledger, [n.instance_id for n in pool.nodes])
+        if desired is not None:
+            log.info("alibaba: scaling pool %s to %d nodes", pool.id, desired)
+
+    def _remove(self, pool: _Pool, ids: list[str]) -> None:
+        req = cs.RemoveNodePoolNodesRequest(instance_ids=ids, drain_node=False, release_node=True)
+        task = self._call(
+            f"remove nodes of pool {pool.id}",
+            lambda: self._client.remove_node_pool_nodes_with_options(
+                self.config.cluster_id, pool.id, req, {}, self._runtime
+            ),
+        )
+        self._tasks[task.body.task_id] = (pool.id, "remove")
+        log.info("alibaba: removing nodes %s from pool %s", ", ".join(ids), pool.id)
 
     def _pools(self) -> dict[str, _Pool]:
         body = self._call(
@@ -365,8 +526,8 @@ class AlibabaProvider:
         out: dict[str, _Pool] = {}
         for np in body.nodepools or []:
             sg = np.scaling_group
-            tags = [{"key": t.key, "value": t.value} for t in (sg.tags or [])] if sg else []
-            if MANAGED_TAG not in tags or np.nodepool_info is None:
+            tags = {t.key: t.value for t in (sg.tags or [])} if sg else {}
+            if tags.get(MANAGED_TAG["key"]) != MANAGED_TAG["value"] or np.nodepool_info is None:
                 continue
             labels = {t.key: t.value for t in (np.kubernetes_config.labels or [])} if np.kubernetes_config else {}
             zone = next((self._zone_of[v] for v in (sg.vswitch_ids or []) if v in self._zone_of), "")
@@ -378,9 +539,10 @@ class AlibabaProvider:
                 zone,
                 (sg.spot_strategy or "NoSpot") != "NoSpot",
                 labels,
+                tags,
+                ledger=decode_ledger(tags),
             )
         for pool in out.values():
-            self._pool_ids[pool.name] = pool.id
             page = 1
             while True:
                 req = cs.DescribeClusterNodesRequest(nodepool_id=pool.id, page_size="100", page_number=str(page))
@@ -390,79 +552,39 @@ class AlibabaProvider:
                         self.config.cluster_id, r, {}, self._runtime
                     ),
                 ).body
-                pool.nodes.extend(n for n in got.nodes or [] if n.state not in ("removing", "removed"))
+                pool.nodes.extend(n for n in got.nodes or [] if n.state != "removed")
                 total = got.page.total_count if got.page else 0
                 if page * 100 >= (total or 0):
                     break
                 page += 1
             pool.nodes.sort(key=lambda n: (n.creation_time or "", n.instance_id or ""))
+            for n in pool.nodes:
+                self._seen.setdefault(n.instance_id, self.clock.now())
+            pool.bound, pool.open = bind(pool.ledger, [n.instance_id for n in pool.nodes])
+            tomb = {e.gone for e in pool.ledger if e.gone}
+            # Tombstoned nodes (also those a crashed process tombstoned) and nodes of cancelled slots are removed.
+            gone = tomb | {i for i, e in pool.bound.items() if e.gone == ""}
+            gone &= {n.instance_id for n in pool.nodes if n.state != "removing"}
+            if gone:
+                self._removing.setdefault(pool.id, set()).update(gone)
+            if pool.id in self._removing:
+                self._removing[pool.id] &= {n.instance_id for n in pool.nodes}
         return out
-
-    def _bind(self, pool: _Pool) -> None:
-        for node in pool.nodes:
-            iid = node.instance_id
-            self._seen.setdefault(iid, self.clock.now())
-            if iid in self._bound:
-                continue
-            slots = sorted(
-                (s for s in self._slots.values() if s.pool == pool.name and s.open and s.asked), key=lambda s: s.at
-            )
-            if slots:
-                s = slots[0]
-                self._bound[iid] = (s.key, s.open.pop(0))
-                if not s.open:
-                    del self._slots[s.key]
-            elif self._cancelled.get(pool.name, 0) > 0:
-                self._cancelled[pool.name] -= 1
-                self._removing.setdefault(pool.id, set()).add(iid)
-
-    def _scale_out(self, pool: _Pool, *, raise_errors: bool) -> None:
-        waiting = [s for s in self._slots.values() if s.pool == pool.name and not s.asked]
-        count = sum(len(s.open) for s in waiting)
-        if not count or pool.state in _BUSY_STATES or any(pid == pool.id for pid, _ in self._tasks.values()):
-            return
-        try:
-            task = self._call(
-                f"scale pool {pool.id}",
-                lambda: self._client.scale_cluster_node_pool_with_options(
-                    self.config.cluster_id, pool.id, cs.ScaleClusterNodePoolRequest(count=count), {}, self._runtime
-                ),
-            )
-        except ProviderError as exc:
-            self._fail_slots(waiting, exc, report=not raise_errors)
-            if raise_errors:
-                raise
-            return
-        for s in waiting:
-            s.asked = True
-        self._tasks[task.body.task_id] = (pool.id, "scale")
-        log.info("alibaba: scaling pool %s out by %d nodes", pool.id, count)
-
-    def _remove_queued(self, pool: _Pool) -> None:
-        ids = sorted(self._removing.get(pool.id, set()) - self._asked_removal)
-        present = {n.instance_id for n in pool.nodes}
-        ids = [i for i in ids if i in present]
-        if not ids or pool.state in _BUSY_STATES or any(pid == pool.id for pid, _ in self._tasks.values()):
-            return
-        req = cs.RemoveNodePoolNodesRequest(instance_ids=ids, drain_node=False, release_node=True)
-        task = self._call(
-            f"remove nodes of pool {pool.id}",
-            lambda: self._client.remove_node_pool_nodes_with_options(
-                self.config.cluster_id, pool.id, req, {}, self._runtime
-            ),
-        )
-        self._asked_removal.update(ids)
-        self._tasks[task.body.task_id] = (pool.id, "remove")
-        log.info("alibaba: removing nodes %s from pool %s", ", ".join(ids), pool.id)
 
     def _create_pool(self, request: LaunchRequest, name: str) -> None:
         taints = [GPU_TAINT, *(t for t in request.taints if t != GPU_TAINT)]
         labels = {**request.labels, wk.POOL: request.pool, wk.CAPACITY_TYPE: str(request.capacity_type)}
+        ledger = encode_ledger([Entry(request.request_id, i) for i in range(request.count)])
+        if len(ledger) + 1 > TAGS_MAX:
+            raise QuotaExceeded(
+                f"alibaba: the ledger of {request.count} slots needs more than {TAGS_MAX} tags", provider=self.name
+            )
         sg = cs.CreateClusterNodePoolRequestScalingGroup(
             instance_types=[request.instance_type],
             vswitch_ids=list(self.config.vswitches[request.zone]),
             desired_size=request.count,
-            tags=[cs.Tag(key=MANAGED_TAG["key"], value=MANAGED_TAG["value"])],
+            tags=[cs.Tag(key=MANAGED_TAG["key"], value=MANAGED_TAG["value"])]
+            + [cs.Tag(key=k, value=v) for k, v in ledger.items()],
         )
         if request.capacity_type is CapacityType.SPOT:
             limit = self.config.spot_price_limits.get(request.instance_type)
@@ -506,12 +628,12 @@ class AlibabaProvider:
             "describe task", lambda: self._client.describe_task_info_with_options(body.task_id, {}, self._runtime)
         ).body
         if info.state == "fail":
+            self._raised.add(body.nodepool_id)  # launch raises it: no event for these slots later
             err = self._task_error(info, f"create pool {name}")
             if isinstance(err, InsufficientCapacity):
                 self._mark_unavailable(request)
             raise err
         self._tasks[body.task_id] = (body.nodepool_id, "create")
-        self._pool_ids[name] = body.nodepool_id
 
     def _poll_tasks(self) -> None:
         for task_id, (pool_id, purpose) in list(self._tasks.items()):
@@ -525,21 +647,31 @@ class AlibabaProvider:
                 continue
             del self._tasks[task_id]
             if info.state == "fail" and purpose in ("create", "scale"):
-                err = self._task_error(info, f"{purpose} pool {pool_id}")
-                asked = [s for s in self._slots.values() if s.asked and self._pool_of(s) == pool_id]
-                self._fail_slots(asked, err, report=True)
+                self._failed[pool_id] = self._task_error(info, f"{purpose} pool {pool_id}")
             elif info.state == "fail":
                 log.warning("alibaba: %s of pool %s failed: %s", purpose, pool_id, self._scrub(str(info.error)))
 
-    def _pool_of(self, s: _Slots) -> str:
-        return self._pool_ids.get(s.pool, "")
+    def _report_failed(self, entries: list[Entry], pool: _Pool, err: ProviderError) -> None:
+        if isinstance(err, InsufficientCapacity):
+            ct = CapacityType.SPOT if pool.spot else CapacityType.ON_DEMAND
+            self._unavailable[(pool.instance_type, pool.zone, ct)] = self.clock.now() + self.config.unavailable_ttl_s
+        for e in entries:
+            self._events.append(
+                ProviderEvent(
+                    ProviderEventKind.LAUNCH_FAILED,
+                    node_id=f"{pool.name}/{label_key(e.request_id)}/{e.slot}",
+                    request_id=e.request_id,
+                    message=str(err),
+                    at=self.clock.now(),
+                )
+            )
 
-    def _fail_slots(self, slots: list[_Slots], err: ProviderError, *, report: bool) -> None:
+    def _fail_waiting(self, slots: list[_Slots], err: ProviderError, *, report: bool) -> None:
         for s in slots:
             if isinstance(err, InsufficientCapacity):
                 self._mark_unavailable(s.request)
             if report:
-                for i in s.open:
+                for i in range(s.count):
                     self._events.append(
                         ProviderEvent(
                             ProviderEventKind.LAUNCH_FAILED,
@@ -549,7 +681,7 @@ class AlibabaProvider:
                             at=self.clock.now(),
                         )
                     )
-            self._slots.pop(s.key, None)
+            self._waiting.pop(s.key, None)
 
     def _mark_unavailable(self, request: LaunchRequest) -> None:
         offering = (request.instance_type, request.zone, request.capacity_type)
@@ -557,8 +689,8 @@ class AlibabaProvider:
 
     # --- nodes -----------------------------------------------------------------------------------------------------
     def _node_id(self, pool: _Pool, node: cs.DescribeClusterNodesResponseBodyNodes) -> str:
-        owner = self._bound.get(node.instance_id)
-        return f"{pool.name}/{owner[0]}/{owner[1]}" if owner else node.instance_id
+        e = pool.bound.get(node.instance_id)
+        return f"{pool.name}/{label_key(e.request_id)}/{e.slot}" if e else node.instance_id
 
     def _slot_nodes(self, s: _Slots) -> list[CloudNode]:
         r = s.request
@@ -574,25 +706,31 @@ class AlibabaProvider:
                 created_at=s.at,
                 labels=dict(r.labels),
             )
-            for i in s.open
+            for i in range(s.count)
         ]
 
     def _nodes(self, pools: Mapping[str, _Pool]) -> list[CloudNode]:
         out: list[CloudNode] = []
         for pool in pools.values():
-            hidden = self._removing.get(pool.id, set())
+            hidden = self._removing.get(pool.id, set()) | {e.gone for e in pool.ledger if e.gone}
+            cancelled = self._cancel.get(pool.id, set())
+            ct = CapacityType.SPOT if pool.spot else CapacityType.ON_DEMAND
             for node in pool.nodes:
-                if node.instance_id in hidden:
+                e = pool.bound.get(node.instance_id)
+                if (
+                    node.instance_id in hidden
+                    or node.state == "removing"
+                    or (e and (e.request_id, e.slot) in cancelled)
+                ):
                     continue
-                owner = self._bound.get(node.instance_id)
                 out.append(
                     CloudNode(
                         node_id=self._node_id(pool, node),
-                        request_id=self._request_ids.get(owner[0], owner[0]) if owner else "",
+                        request_id=e.request_id if e else "",
                         pool=pool.labels.get(wk.POOL, ""),
                         instance_type=pool.instance_type,
                         zone=pool.zone,
-                        capacity_type=CapacityType.SPOT if pool.spot else CapacityType.ON_DEMAND,
+                        capacity_type=ct,
                         state=_STATE.get(node.state or "", CloudNodeState.PROVISIONING),
                         created_at=self._seen.get(node.instance_id, 0.0),
                         node_name=node.node_name or "",
@@ -600,7 +738,22 @@ class AlibabaProvider:
                         labels=dict(pool.labels),
                     )
                 )
-        for s in self._slots.values():
+            for e in pool.open:
+                if e.gone is not None or (e.request_id, e.slot) in cancelled:
+                    continue
+                out.append(
+                    CloudNode(
+                        f"{pool.name}/{label_key(e.request_id)}/{e.slot}",
+                        e.request_id,
+                        pool.labels.get(wk.POOL, ""),
+                        pool.instance_type,
+                        pool.zone,
+                        ct,
+                        CloudNodeState.PROVISIONING,
+                        labels={k: v for k, v in pool.labels.items() if k not in (wk.POOL, wk.CAPACITY_TYPE)},
+                    )
+                )
+        for s in self._waiting.values():
             out.extend(self._slot_nodes(s))
         return sorted(out, key=lambda n: n.node_id)
 
