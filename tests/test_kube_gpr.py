@@ -20,7 +20,7 @@ from gpuscale.kube.kwok import KwokConfig
 
 pytest.importorskip("lightkube")
 
-from test_kube_e2e import POOL, World, gpu_pod  # the e2e world: emulator, scheduler, manual clock
+from test_kube_e2e import CATALOG, POOL, World, gpu_pod  # the e2e world: emulator, scheduler, manual clock
 
 CRD = yaml.safe_load((Path(__file__).parents[1] / "deploy" / "crds" / "gpuprovisioningrequest.yaml").read_text())
 STATUS_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
@@ -199,3 +199,24 @@ def test_a_conflicting_status_write_is_dropped_and_retried_next_round(world: Wor
     gpr_id = stored.gpr.gpr_id
     world.until(lambda: status(server, "race")["provisioningStatus"] == "Provisioned", advance=10)
     assert len(gpr_nodes(server, gpr_id)) == 2
+
+
+def test_a_failed_launch_is_a_failed_gpr_with_a_warning_event(server: KubeAPIServer) -> None:
+    rtx4000 = {it.name for it in CATALOG.instance_types if it.gpu_model == "RTX4000-Ada"}
+    w = World(server, KwokConfig(unavailable_types=rtx4000))
+    try:
+        server.create("gpuprovisioningrequests", gpr("nocap", numberOfGPUNodes=1), namespace="ml")
+        w.until(lambda: status(server, "nocap").get("provisioningStatus") == "Failed")
+        st = status(server, "nocap")
+        assert "no capacity" in st["failureReason"]
+        assert {c["type"]: c["status"] for c in st["conditions"]} == {"Ready": "False", "Queued": "False"}
+        w.proc.backend.events.flush()
+        failed = [
+            e
+            for e in server.items("events")
+            if e.get("reason") == "Failed" and (e.get("involvedObject") or {}).get("name") == "nocap"
+        ]
+        assert len(failed) == 1 and failed[0]["type"] == "Warning" and "no capacity" in str(failed[0]["message"])
+        assert not [n for n in server.items("nodes") if (n["metadata"].get("labels") or {}).get(GPR_LABEL)]
+    finally:
+        w.close()
