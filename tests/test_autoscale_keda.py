@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpuscale.core.autoscale.budget import Budget, ModelShare
+from gpuscale.core.autoscale.fleet import Member, Membership, plan
+from gpuscale.core.autoscale.fleet import status as fleet_status
 from gpuscale.core.autoscale.hpa import (
     Behavior,
     MetricKind,
@@ -159,4 +162,10 @@ def test_status_matches_the_crd() -> None:
     jsonschema.validate(status, schema, format_checker=jsonschema.FormatChecker())
     assert status["lastActiveTime"] == "1970-01-02T01:00:00Z"
     assert status["health"] == {"q": {"numberOfFailures": 1, "status": "Failing"}}
-    assert set(status) == set(schema["properties"]) - {"rightsizing"}  # that one is the right-sizer's (kube/rightsizer)
+    # the status the controller writes: the step's, with the round's conditions, fallback, state and scale time
+    budget = Budget("ml/b", 4, 1.0, (ModelShare("m", 1),))
+    member = Member("ml/s", s, d.state, 1, {"q": 60}, PodCounts(1), 0, Membership("ml/b", "m"))
+    (outcome,) = plan([member], {"ml/b": budget}, {}, 90_060.0).outcomes
+    written = fleet_status(outcome, last_scale_time="1970-01-02T01:01:00Z")
+    jsonschema.validate(written, schema, format_checker=jsonschema.FormatChecker())
+    assert set(written) == set(schema["properties"]) - {"rightsizing"}  # that one is the right-sizer's (kube/rightsizer)

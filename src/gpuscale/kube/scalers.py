@@ -450,12 +450,7 @@ class ScalerReconciler:
         body = arb.status()
         for grant in body["grants"]:  # type: ignore[attr-defined]
             grant["scaler"] = str(grant["scaler"]).split("/", 1)[-1]
-        body["notes"] = list(arb.notes)
-        models: dict[str, int] = {}
-        for g in arb.grants:
-            models[g.model] = models.get(g.model, 0) + g.gpus
-        body["models"] = {m: {"grantedGPUs": n} for m, n in sorted(models.items())}
-        if before is not None and before.status() == arb.status() and before.notes == arb.notes:
+        if before is not None and before.status() == arb.status():
             return
         try:
             self.client.run(

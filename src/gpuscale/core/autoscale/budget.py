@@ -82,7 +82,11 @@ class Arbitration:
         return {g.scaler: g for g in self.grants}
 
     def status(self) -> dict[str, object]:
-        """The GPUBudget's ``status`` (``deploy/crds/gpubudget.yaml``): usage, loans and every grant explained."""
+        """The GPUBudget's ``status`` (``deploy/crds/gpubudget.yaml``): usage, loans, GPUs granted per model, notes
+        and every grant explained (the controller adds ``conditions`` when the budget itself is invalid)."""
+        models: dict[str, int] = {}
+        for g in self.grants:
+            models[g.model] = models.get(g.model, 0) + g.gpus
         return {
             "usedGPUs": self.used_gpus,
             "freeGPUs": self.free_gpus,
@@ -92,6 +96,8 @@ class Arbitration:
                  "borrowed": dict(g.borrowed), "reasons": list(g.reasons)}
                 for g in self.grants
             ],
+            "models": {m: {"grantedGPUs": n} for m, n in sorted(models.items())},
+            "notes": list(self.notes),
         }  # fmt: skip
 
 
