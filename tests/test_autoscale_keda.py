@@ -168,4 +168,4 @@ def test_status_matches_the_crd() -> None:
     (outcome,) = plan([member], {"ml/b": budget}, {}, 90_060.0).outcomes
     written = fleet_status(outcome, last_scale_time="1970-01-02T01:01:00Z")
     jsonschema.validate(written, schema, format_checker=jsonschema.FormatChecker())
-    assert set(written) == set(schema["properties"]) - {"rightsizing"}  # that one is the right-sizer's (kube/rightsizer)
+    assert set(written) == set(schema["properties"]) - {"rightsizing"}  # rightsizing: kube/rightsizer writes it
