@@ -220,3 +220,14 @@ def test_a_failed_launch_is_a_failed_gpr_with_a_warning_event(server: KubeAPISer
         assert not [n for n in server.items("nodes") if (n["metadata"].get("labels") or {}).get(GPR_LABEL)]
     finally:
         w.close()
+
+
+def test_editing_the_priority_of_an_admitted_gpr_is_applied(world: World, server: KubeAPIServer) -> None:
+    server.create("gpuprovisioningrequests", gpr("prio", priority=101), namespace="ml")
+    world.until(lambda: RECORD_FIELD in status(server, "prio"))
+    server.patch("gpuprovisioningrequests", "prio", {"spec": {"priority": 250, "numberOfGPUs": 2}}, "ml")
+    world.until(lambda: status(server, "prio")[RECORD_FIELD]["spec"]["priority"] == 250)
+    assert status(server, "prio")[RECORD_FIELD]["spec"]["numberOfGPUs"] == 1, "other edits are not applied"
+    server.patch("gpuprovisioningrequests", "prio", {"spec": {"priority": "urgent"}}, "ml")
+    world.round(1)  # an edit the reader refuses is logged and left alone, never a crash
+    assert status(server, "prio")[RECORD_FIELD]["spec"]["priority"] == 250

@@ -10,8 +10,8 @@ as ``gpuscale serve`` serves REST-created ones from SQLite.
 * **Spec.** :meth:`KubeGprStore.sync` reads each new object's ``spec`` with the core reader against the catalog. A
   valid spec is admitted: ``status`` gets the ``Queued`` state and ``status.gpuscale`` the accepted spec. An invalid
   one gets the condition ``Invalid`` (reason ``InvalidSpec``, the message naming each field and its problem) and a
-  Warning Event, once per ``metadata.generation``; fixing the spec admits it. Spec edits after admission are not
-  applied (delete and re-apply the object).
+  Warning Event, once per change of the spec; fixing the spec admits it. Spec edits after admission are not
+  applied, except ``priority`` of a GPR that is not final (as the REST API's priority update).
 * **Status.** Written only through the status subresource, as a JSON merge patch carrying
   ``metadata.resourceVersion``: a 409 Conflict means someone changed the object since it was read. A plan
   (:meth:`apply`) then raises :class:`~gpuscale.gpr.store.StaleWrite` and is planned again next round; a single
@@ -43,6 +43,7 @@ from lightkube.types import PatchType
 from gpuscale.clock import Clock
 from gpuscale.core.gpr import (
     DEFAULT_MAX_EXIT_S,
+    FINAL_STATES,
     Gpr,
     GprState,
     GprValidationError,
@@ -55,6 +56,7 @@ from gpuscale.core.gpr import (
     status_from_record,
     status_to_dict,
     status_to_record,
+    with_priority,
 )
 from gpuscale.core.model import Catalog
 from gpuscale.errors import GpuscaleError, InputError, shorten
@@ -270,6 +272,7 @@ class KubeGprStore:
         for key, obj in sorted(self._objects().items()):
             st = obj.get("status") or {}
             if st.get(RECORD_FIELD):
+                self._follow_priority(obj)
                 continue
             meta = obj.get("metadata") or {}
             gen = int(meta.get("generation") or 0)
@@ -299,6 +302,24 @@ class KubeGprStore:
             if self.events is not None:
                 self.events.object_event(new, "Queued", "Normal", f"queued as {gpr_id} with priority {spec.priority}")
         return admitted
+
+    def _follow_priority(self, obj: Obj) -> None:
+        """Apply an edit of ``spec.priority`` to an admitted GPR that is not final (as the REST API's priority
+        update does); other spec edits are not applied."""
+        wanted = (obj.get("spec") or {}).get("priority")
+        accepted = (((obj.get("status") or {}).get(RECORD_FIELD) or {}).get("spec") or {}).get("priority")
+        if wanted is None or wanted == accepted:
+            return
+        gpr_id = gpr_id_for(obj)
+        try:
+            cur = self._decode(obj).gpr
+            if cur.state in FINAL_STATES:
+                return
+            self.modify(gpr_id, lambda g: with_priority(g, wanted), now=self.clock.now())
+        except (GpuscaleError, KubeError) as exc:
+            log.info("priority of GPR %s not changed: %s", _key(obj), exc)
+            return
+        log.info("GPR %s: priority %s -> %s", gpr_id, accepted, wanted)
 
     def _invalid(self, obj: Obj, message: str, generation: int) -> None:
         message = shorten(message + " (fix the spec and apply it again)", 1000)
