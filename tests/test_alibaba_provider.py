@@ -319,6 +319,7 @@ def test_every_api_call_is_documented_and_a_real_action() -> None:
     for call in API_CALLS:
         assert call in ACTIONS
         assert f"cs:{call}" in allowed, f"cs:{call} is not in the RAM policy of {DOC.name}"
+    assert allowed == {f"cs:{c}" for c in API_CALLS}, "the RAM policy grants an action the provider never calls"
 
 
 def test_every_call_the_provider_made_is_in_api_calls(env: tuple[FakeAlibabaAPI, ManualClock]) -> None:
@@ -479,3 +480,20 @@ def test_a_ledger_beyond_acks_tag_limit_is_refused_at_launch(env: tuple[FakeAlib
     with pytest.raises(QuotaExceeded, match="tags"):
         p.launch(_req("x" * 40, count=80))
     assert fake.pools(CLUSTER) == {}
+
+
+def test_a_slot_cancelled_while_its_pool_is_busy_loses_its_node_and_keeps_the_others(
+    env: tuple[FakeAlibabaAPI, ManualClock],
+) -> None:
+    fake, clock = env
+    p = _provider(fake, clock)
+    slots = sorted(n.node_id for n in p.launch(_req("r1", count=2)))
+    p.delete_node(slots[1])  # the pool is still being created
+    assert [n.node_id for n in p.list_nodes()] == [slots[0]]
+    for _ in range(3):
+        clock.sleep(61)
+        p.poll_errors()
+    assert [(n.node_id, n.request_id) for n in p.list_nodes()] == [(slots[0], "r1")]
+    (pool,) = fake.pools(CLUSTER).values()
+    assert len(pool["nodes"]) == 1 and len(fake.removals) == 1
+    assert [n.node_id for n in _provider(fake, clock).list_nodes()] == [slots[0]]

@@ -48,7 +48,6 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
-from urllib.parse import quote, unquote
 
 from alibabacloud_cs20151215 import models as cs
 from alibabacloud_cs20151215.client import Client
@@ -70,6 +69,7 @@ from gpuscale.errors import (
     RateLimited,
     TransientProviderError,
 )
+from gpuscale.providers.alibaba_ledger import LEDGER_PREFIX, TAGS_MAX, Entry, bind, decode_ledger, encode_ledger
 from gpuscale.providers.base import (
     CloudNode,
     CloudNodeState,
@@ -97,11 +97,6 @@ PROVIDER_NAME = "alibaba"
 KEY_ID_ENV, KEY_SECRET_ENV = "ALIBABA_CLOUD_ACCESS_KEY_ID", "ALIBABA_CLOUD_ACCESS_KEY_SECRET"
 GPU_TAINT = Taint("nvidia.com/gpu", TaintEffect.NO_SCHEDULE, "present")
 MANAGED_TAG = {"key": "gpuscale", "value": "managed"}
-LEDGER_PREFIX = "gpuscale.ledger."
-TAG_VALUE_MAX = 128
-"""Characters of one tag value (ECS and Auto Scaling tag values allow 128)."""
-TAGS_MAX = 20
-"""Tags on one scaling group (Auto Scaling allows 20)."""
 API_CALLS = (
     "CreateClusterNodePool",
     "DescribeClusterNodePools",
@@ -181,59 +176,6 @@ class AlibabaConfig:
         for name in ("max_pools", "max_nodes", "max_pool_nodes"):
             if getattr(self, name) < 1:
                 raise InputError("must be at least 1", where=f"alibaba config {name}", value=getattr(self, name))
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One slot of a pool's ledger: a request's slot, live (``gone is None``), cancelled before its node came
-    (``gone == ""``) or with its node ``gone`` being removed."""
-
-    request_id: str
-    slot: int
-    gone: str | None = None
-
-    def encode(self) -> str:
-        tail = "" if self.gone is None else "~" + self.gone
-        return f"{quote(self.request_id, safe='').replace('~', '%7E')}/{self.slot}{tail}"
-
-    @classmethod
-    def decode(cls, text: str) -> Entry:
-        head, sep, gone = text.partition("~")
-        rid, _, slot = head.rpartition("/")
-        return cls(unquote(rid), int(slot), gone if sep else None)
-
-
-def encode_ledger(entries: Sequence[Entry]) -> dict[str, str]:
-    """The ledger as scaling-group tags ``gpuscale.ledger.<i>`` of at most :data:`TAG_VALUE_MAX` characters each."""
-    tags: list[str] = []
-    for text in (e.encode() for e in entries):
-        if tags and len(tags[-1]) + 1 + len(text) <= TAG_VALUE_MAX:
-            tags[-1] += "," + text
-        else:
-            tags.append(text)
-    return {f"{LEDGER_PREFIX}{i}": v for i, v in enumerate(tags)}
-
-
-def decode_ledger(tags: Mapping[str, str]) -> list[Entry]:
-    """Inverse of :func:`encode_ledger` (other tags are ignored)."""
-    parts = sorted(
-        (int(k[len(LEDGER_PREFIX) :]), v)
-        for k, v in tags.items()
-        if k.startswith(LEDGER_PREFIX) and k[len(LEDGER_PREFIX) :].isdigit()
-    )
-    return [Entry.decode(t) for _, v in parts for t in v.split(",") if t]
-
-
-def bind(entries: Sequence[Entry], instance_ids: Sequence[str]) -> tuple[dict[str, Entry], list[Entry]]:
-    """Which ledger entry each node serves, and the entries still waiting for a node.
-
-    Nodes (in creation order) and entries (in ask order) pair up once the nodes named by removal tombstones are
-    set aside from both: one task at a time per pool makes ACK create nodes in the order they were asked for.
-    """
-    tomb = {e.gone for e in entries if e.gone}
-    live = [e for e in entries if not e.gone]
-    nodes = [i for i in instance_ids if i not in tomb]
-    return dict(zip(nodes, live, strict=False)), live[len(nodes) :]
 
 
 @dataclass
@@ -561,10 +503,10 @@ class AlibabaProvider:
             for n in pool.nodes:
                 self._seen.setdefault(n.instance_id, self.clock.now())
             pool.bound, pool.open = bind(pool.ledger, [n.instance_id for n in pool.nodes])
-            tomb = {e.gone for e in pool.ledger if e.gone}
-            # Tombstoned nodes (also those a crashed process tombstoned) and nodes of cancelled slots are removed.
-            gone = tomb | {i for i, e in pool.bound.items() if e.gone == ""}
-            gone &= {n.instance_id for n in pool.nodes if n.state != "removing"}
+            # Tombstoned nodes (also those a crashed process tombstoned) are removed.
+            gone = {e.gone for e in pool.ledger if e.gone} & {
+                n.instance_id for n in pool.nodes if n.state != "removing"
+            }
             if gone:
                 self._removing.setdefault(pool.id, set()).update(gone)
             if pool.id in self._removing:
