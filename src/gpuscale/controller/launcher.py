@@ -30,7 +30,7 @@ from gpuscale.core.reconcile import (
     judge_launch_error,
 )
 from gpuscale.errors import ProviderError
-from gpuscale.providers.base import CloudNodeState, LaunchRequest, Provider
+from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, Provider
 
 Record = Callable[[Note], None]
 """Where the launcher's notes go (the controller stamps them with the time and records them)."""
@@ -109,6 +109,11 @@ class Launcher:
         return self.retry_at.values()
 
     # ------------------------------------------------------------------------------------------------ launching
+    def call(self, request: LaunchRequest) -> list[CloudNode]:
+        """Ask the provider once for the nodes of another engine's demand (a GPR's); errors propagate to the caller,
+        which judges them by their retry policy (no retry here)."""
+        return list(self.provider.launch(request))
+
     def launch(
         self,
         key: str,

@@ -46,6 +46,7 @@ from gpuscale.controller.batching import PendingBatch
 from gpuscale.controller.claims import ClaimTable
 from gpuscale.controller.config import ControllerConfig
 from gpuscale.controller.consolidation import ConsolidationGate
+from gpuscale.controller.gprnodes import GprNodes, GprSteps
 from gpuscale.controller.launcher import Launcher
 from gpuscale.controller.scaledown import ScaleDownSteps
 from gpuscale.controller.scaleup import PlanFn, ScaleUpSteps
@@ -79,7 +80,7 @@ def _default_planner() -> PlanFn:
 _LIVE_PHASES = ("Pending", "Running", "")
 
 
-class Controller(ScaleUpSteps, ScaleDownSteps):
+class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
     """The gpuscale controller. Call :meth:`reconcile` periodically (every second or so, or at :meth:`next_wakeup`).
 
     ``pools`` and ``catalog`` describe what may be launched; ``planner`` defaults to
@@ -144,7 +145,10 @@ class Controller(ScaleUpSteps, ScaleDownSteps):
         """(cloud list, claim table version) after a claim sync that left nothing to wait for."""
         self._static_blocked: set[str] = set()
         self._foreign = foreign
-        """Request ids another engine owns (default: the GPR manager's): their nodes are never adopted."""
+        """Request ids another engine owns (default: the GPR manager's): their nodes are never adopted, until the GPR
+        manager hands its launches to this controller (:meth:`launch_gpr_nodes`)."""
+        self.gpr = GprNodes()
+        """Which claims are GPR nodes and which of them were released (see :mod:`gpuscale.controller.gprnodes`)."""
         self.gate = ConsolidationGate(self.pools, self.config, check=check_gate)
         """The consolidation step's clocks, caches and skips."""
         self._measured = self.gate.measured
@@ -171,6 +175,7 @@ class Controller(ScaleUpSteps, ScaleDownSteps):
         self._retry_requested(world, result)
         self._scale_up(world, result)
         self._ensure_min_nodes(world, result)
+        self._release_gpr_nodes(world)
         self._consolidate(world, result)
         self._drain_and_delete(world, result)
         self._collect_orphans(world)
@@ -276,7 +281,7 @@ class Controller(ScaleUpSteps, ScaleDownSteps):
             self._rules,
             w.now,
             requested=self.claims.count(ClaimPhase.REQUESTED),
-            foreign=self._foreign,
+            foreign=None if self._foreign is None or self.gpr.enabled else self._foreign,
         )
         self._apply(d, w)
         self._unlisted = d.unlisted

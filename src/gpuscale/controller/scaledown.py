@@ -45,10 +45,17 @@ class ScaleDownSteps(ShellBase):
         candidates: set[str] = set()
         disrupting: set[str] = set(self._replacements)
         replacing = self._replacements
-        for c in self.claims.values():
+        held = self.gpr.keys(self.claims)  # a GPR's nodes are never consolidated while it holds them
+        for key, c in self.claims.items():
             name = c.node_name
             # neither a node being replaced nor one of its (already ready) replacements is a candidate
-            if name and c.phase is ClaimPhase.INITIALIZED and name not in replacing and c.replaces not in replacing:
+            if (
+                name
+                and c.phase is ClaimPhase.INITIALIZED
+                and name not in replacing
+                and c.replaces not in replacing
+                and key not in held
+            ):
                 candidates.add(name)
         disrupting.update(c.node_name for _, c in self.claims.in_phases(LEAVING) if c.node_name)
         by_node = w.by_node()
@@ -167,8 +174,11 @@ class ScaleDownSteps(ShellBase):
             protected = frozenset(planned.values())
             pods = [replace(p, node_name=planned[p.key]) if p.pending and p.key in planned else p for p in pods]
         nodes = list(w.nodes.values())
+        gpr_keys = self.gpr.keys(self.claims)
         for key, c in self.claims.items():
             if c.phase in (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED) and c.node_name not in w.nodes:
+                if key in gpr_keys:
+                    continue
                 nodes.append(self._launching_node(key, c))
         return DisruptionInputs(pods, nodes, protected, self.availability.unavailable_at(w.now))
 

@@ -158,8 +158,13 @@ class ScaleUpSteps(ShellBase):
                 nodes.append(replace(n, pool=c.pool))
             else:
                 nodes.append(n)
+        gpr_keys = self.gpr.keys(self.claims)
         for key, c in sorted(self.claims.items()):
             if c.node_name in w.nodes:
+                continue
+            if key in gpr_keys:  # a GPR's node in flight counts against its pool's limits but is no room for pods
+                if c.alive:
+                    nodes.append(replace(self._launching_node(key, c), launching=False, unschedulable=True))
                 continue
             if c.phase in (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED):
                 nodes.append(self._launching_node(key, c))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from gpuscale.clock import Clock
 from gpuscale.controller.availability import Availability
@@ -52,6 +53,9 @@ from gpuscale.core.reconcile import (
 from gpuscale.core.resources import Resources
 from gpuscale.core.templates import template_allocatable, template_labels
 from gpuscale.providers.base import CloudNode, LaunchRequest, Provider, ProviderEvent
+
+if TYPE_CHECKING:
+    from gpuscale.controller.gprnodes import GprNodes
 
 
 @dataclass(slots=True)
@@ -139,6 +143,7 @@ class ShellBase:
     availability: Availability
     launcher: Launcher
     gate: ConsolidationGate
+    gpr: GprNodes
     _types: dict[str, InstanceType]
     _fleet: Fleet
     _now: float

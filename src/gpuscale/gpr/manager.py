@@ -195,6 +195,26 @@ class StaticInventory:
             self._nodes.pop(node_name, None)
 
 
+# --------------------------------------------------------------------------------------------------- engine
+class NodeEngine(Protocol):
+    """The node engine GPR demand goes through (the controller, :mod:`gpuscale.controller.gprnodes`): one claim table,
+    one availability record and one node lifecycle for the nodes of pods and of GPRs."""
+
+    availability: Availability
+
+    def launch_gpr_nodes(self, request: LaunchRequest) -> list[CloudNode]:
+        """Launch a GPR's nodes once and track them as claims; provider errors propagate."""
+        ...
+
+    def release_gpr_node(self, node_id: str) -> None:
+        """The GPR no longer holds the node: drain and delete it."""
+        ...
+
+    def serve_gprs(self) -> None:
+        """From now on GPR nodes are the engine's (adopted after a restart, never consolidated while held)."""
+        ...
+
+
 # --------------------------------------------------------------------------------------------------- manager
 @dataclass(slots=True)
 class ReconcileReport:
@@ -214,7 +234,9 @@ class GprManager:
 
     ``provider`` or ``provider_factory`` (called lazily, only when dynamic nodes are enabled) gives the cloud;
     ``inventory`` the existing nodes; ``utilization`` maps node names to GPU utilisation (0..1) for launched
-    nodes (inventory nodes carry their own).
+    nodes (inventory nodes carry their own). With ``engine`` (the node controller) launches and deletions go through
+    the engine's claim table and node lifecycle, and its availability record is shared; the provider is then only
+    observed.
     """
 
     def __init__(
@@ -230,6 +252,7 @@ class GprManager:
         clock: Clock | None = None,
         max_exit_s: int = DEFAULT_MAX_EXIT_S,
         availability: Availability | None = None,
+        engine: NodeEngine | None = None,
     ) -> None:
         self.store = store
         self.max_exit_s = max_exit_s
@@ -241,7 +264,12 @@ class GprManager:
         self._factory = provider_factory
         self._utilization = utilization
         self._blocked: str | None = None
-        self.availability = availability if availability is not None else Availability()
+        self._engine = engine
+        if engine is not None:
+            engine.serve_gprs()
+        if availability is None:
+            availability = engine.availability if engine is not None else Availability()
+        self.availability = availability
         """Offerings not to be bought until a time (shared with the node controller when given)."""
         self._retry: dict[str, tuple[float, int]] = {}
         """Launch request id -> (when to try it again, failed attempts so far), per its error's RetryPolicy."""
@@ -407,6 +435,9 @@ class GprManager:
         provider = self._get_provider()
         if provider is None:
             raise AuthenticationError(self._blocked or "no provider")
+        if self._engine is not None:
+            self._engine.release_gpr_node(node_id)
+            return
         try:
             provider.delete_node(node_id)
         except NotFound:
@@ -439,7 +470,7 @@ class GprManager:
             taints=tuple(la.taints),
         )
         try:
-            nodes = provider.launch(req)
+            nodes = provider.launch(req) if self._engine is None else self._engine.launch_gpr_nodes(req)
         except CapacityError as exc:
             report.errors.append(f"launch {la.request_id}: {exc}")
             self.store.finish(jid, f"error: {exc}", now=now)
