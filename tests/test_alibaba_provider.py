@@ -497,3 +497,23 @@ def test_a_slot_cancelled_while_its_pool_is_busy_loses_its_node_and_keeps_the_ot
     (pool,) = fake.pools(CLUSTER).values()
     assert len(pool["nodes"]) == 1 and len(fake.removals) == 1
     assert [n.node_id for n in _provider(fake, clock).list_nodes()] == [slots[0]]
+
+
+def test_a_node_outside_the_ledger_is_listed_for_adoption_and_removed_by_instance_id(
+    env: tuple[FakeAlibabaAPI, ManualClock],
+) -> None:
+    fake, clock = env
+    p = _provider(fake, clock)
+    p.launch(_req("r1", count=2))
+    clock.sleep(61)
+    for pool in fake._clusters[CLUSTER].values():  # as a pool made before the ledger existed
+        pool.body["scaling_group"]["tags"] = [{"key": "gpuscale", "value": "managed"}]
+    nodes = _provider(fake, clock).list_nodes()
+    assert {n.request_id for n in nodes} == {""} and all(n.node_id == n.instance_id for n in nodes)
+    q = _provider(fake, clock)
+    q.delete_node(nodes[0].node_id)
+    for _ in range(3):
+        clock.sleep(61)
+        q.poll_errors()
+    assert [n.node_id for n in q.list_nodes()] == [nodes[1].node_id]
+    assert [r["instance_ids"] for r in fake.removals] == [[nodes[0].instance_id]]

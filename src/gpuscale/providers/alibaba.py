@@ -385,6 +385,8 @@ class AlibabaProvider:
         removing = self._removing.get(pool.id, set()) & present
         by_node = {e: iid for iid, e in pool.bound.items()}
         ledger = [Entry(e.request_id, e.slot, by_node[e]) if by_node.get(e) in removing else e for e in ledger]
+        # A node outside the ledger (a pool from before it) is tombstoned under no request.
+        ledger += [Entry("", 0, iid) for iid in sorted(removing - set(pool.bound) - {e.gone for e in ledger})]
         waiting = [s for s in self._waiting.values() if s.pool == pool.name]
         ledger += [Entry(s.request.request_id, i) for s in waiting for i in range(s.count)]
         count = sum(s.count for s in waiting)
