@@ -379,6 +379,7 @@ class AlibabaProvider:
             if pool.id not in self._raised:
                 self._report_failed([e for e in pool.open if (e.request_id, e.slot) not in cancel], pool, err)
             ledger = [e for e in ledger if e not in pool.open]
+            self._raised.discard(pool.id)
         cancelled = {iid for iid, e in pool.bound.items() if (e.request_id, e.slot) in cancel}
         if cancelled:  # the nodes of slots cancelled while the pool was busy: removed like any other
             self._removing.setdefault(pool.id, set()).update(cancelled)
