@@ -231,3 +231,22 @@ def test_editing_the_priority_of_an_admitted_gpr_is_applied(world: World, server
     server.patch("gpuprovisioningrequests", "prio", {"spec": {"priority": "urgent"}}, "ml")
     world.round(1)  # an edit the reader refuses is logged and left alone, never a crash
     assert status(server, "prio")[RECORD_FIELD]["spec"]["priority"] == 250
+
+
+def test_gpr_queue_length_and_wait_reach_the_metrics(world: World, server: KubeAPIServer) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gpuscale.kube.metrics import ControllerMetrics
+
+    server.create("gpuprovisioningrequests", gpr("wait", numberOfGPUNodes=1), namespace="ml")
+    world.round(0)
+    (entry,) = world.proc._gpr_queue()
+    assert entry.gpr_id.startswith("gpr-") and entry.since > 0
+    registry = CollectorRegistry()
+    metrics = ControllerMetrics(registry)
+    now = world.clock.now()
+    metrics.observe((), (), now, gprs=[type(entry)(entry.gpr_id, True, now - 90)])
+    metrics.observe((), (), now + 10, gprs=[type(entry)(entry.gpr_id, False, now)])  # it left the queue
+    text = generate_latest(registry).decode()
+    assert "gpuscale_gpr_queue_length 0.0" in text
+    assert "gpuscale_gpr_wait_seconds_count 1.0" in text

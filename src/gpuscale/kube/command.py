@@ -24,6 +24,7 @@ from lightkube.types import PatchType
 from gpuscale.catalogs import load_catalog
 from gpuscale.clock import Clock, SystemClock
 from gpuscale.controller.loop import Controller, ControllerConfig
+from gpuscale.core.gpr import GprState
 from gpuscale.core.model import Catalog, NodePool
 from gpuscale.core.nodeclaim import ClaimPhase
 from gpuscale.errors import GpuscaleError, InputError
@@ -37,6 +38,7 @@ from gpuscale.kube.events import EventRecorder
 from gpuscale.kube.gpr_store import KubeGprStore
 from gpuscale.kube.kwok import KwokConfig, KwokProvider
 from gpuscale.kube.matching import ProviderIdMatcher
+from gpuscale.kube.metrics import QueuedGpr
 from gpuscale.kube.scalers import ScalerReconciler
 from gpuscale.manifests.status import Condition, pool_status
 from gpuscale.metrics.prometheus import MetricSource
@@ -222,8 +224,21 @@ class ControllerProcess:
         self.rounds += 1
         if self.endpoints is not None:
             seconds = time.perf_counter() - started
-            self.endpoints.after_round(self.controller.claims.values(), self.backend.list_pods(), result, seconds)
+            self.endpoints.after_round(
+                self.controller.claims.values(), self.backend.list_pods(), result, seconds, gprs=self._gpr_queue()
+            )
         return True
+
+    def _gpr_queue(self) -> list[QueuedGpr]:
+        """The GPRs the metrics follow: every one not yet final, queued or not, with the time it entered its state."""
+        if self.gpr_manager is None:
+            return []
+        try:
+            gprs = self.gpr_manager.list_gprs((GprState.QUEUED, GprState.PROVISIONING, GprState.PROVISIONED))
+        except GpuscaleError as exc:  # a store that cannot be read this round: no GPR figures, not a crash
+            log.warning("GPR metrics skipped: %s", exc)
+            return []
+        return [QueuedGpr(g.gpr_id, g.state is GprState.QUEUED, g.status.state_since) for g in gprs]
 
     def _serve_gprs(self) -> None:
         """Admit new GPR objects and run one GPR manager pass (a failure is logged; the next round retries)."""
