@@ -160,7 +160,7 @@ GKE = CloudProfile(
 ACK = CloudProfile(
     "ack",
     "alibaba",
-    "Alibaba Cloud ACK: a node pool scaled by a ScaleClusterNodePool task",
+    "Alibaba Cloud ACK: a node pool scaled by a ModifyClusterNodePool task (desired size and request ledger)",
     "us-east-1",
     CloudBehaviour(
         launch_latency=_ln(60.0),
