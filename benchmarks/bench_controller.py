@@ -5,9 +5,9 @@ then runs ``gpuscale controller --provider kwok`` as a separate process against 
 ``--bursts`` bursts of ``--burst-size`` (each marked Unschedulable at once, as the scheduler would, and bound to a new
 kwok node once one with its GPU allocatable appears). Reports:
 
-* time from a pod's creation to the launch made for it (the ``TriggeredScaleUp`` Event the controller writes right
-  after the launch call), p50 and p99 over every burst pod; this includes the controller's batching window
-  (``batchIdle`` 1 s by default);
+* time from a pod's creation to the launch made for it: the API server's creation of the kwok Node launched for
+  the pod (the Node names its pods in ``gpuscale.io/launched-for``), both timed by the emulator's clock; p50 and p99
+  over every burst pod; this includes the controller's batching window (``batchIdle`` 1 s by default);
 * reconcile time per round, from the process's own ``gpuscale_reconcile_seconds`` histogram (``/metrics``);
 * the controller process's peak RSS (``VmHWM``).
 
@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from gpuscale.fakes.kube_api import KubeAPIServer
+from gpuscale.kube.kwok import LAUNCHED_FOR_ANNOTATION
 
 TOLERATE = [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}]
 POOL = {
@@ -156,18 +157,25 @@ def bind_new_nodes(server: KubeAPIServer, bound: set[str], used: set[str]) -> No
 
 
 def launch_latencies(server: KubeAPIServer, made: list[tuple[str, float]]) -> tuple[list[float], int]:
-    """Seconds from each pod's creation to its TriggeredScaleUp Event; and how many pods have none."""
-    events = server.items("events", "ml")
-    times: dict[str, float] = server.call(lambda: dict(server.emulator.created_at))
-    first: dict[str, float] = {}
-    for ev in events:
-        if ev.get("reason") != "TriggeredScaleUp":
-            continue
-        pod = ev["involvedObject"]["name"]
-        at = times.get(("events", "ml", ev["metadata"]["name"]))  # type: ignore[call-overload]
-        if at is not None:
-            first[pod] = min(at, first.get(pod, at))
-    out = [first[name] - created for name, created in made if name in first]
+    """Seconds from each pod's creation to the creation of the kwok Node launched for it (the launch call itself:
+    the provider's create of that Node, which names the pods in its ``gpuscale.io/launched-for`` annotation); and how
+    many pods have none."""
+    em = server.emulator
+
+    def node_times() -> dict[str, float]:
+        out: dict[str, float] = {}
+        made_at = {name: t for (kind, _, name), t in em.created_at.items() if kind == "nodes"}
+        for o in em._select(server._rt("nodes"), None):
+            meta = o["metadata"]
+            pods = (meta.get("annotations") or {}).get(LAUNCHED_FOR_ANNOTATION, "")
+            at = made_at.get(meta["name"])
+            for pod in filter(None, pods.split(",")):
+                if at is not None:
+                    out[pod] = min(at, out.get(pod, at))
+        return out
+
+    first = server.call(node_times)
+    out = [first[f"ml/{name}"] - created for name, created in made if f"ml/{name}" in first]
     return out, len(made) - len(out)
 
 

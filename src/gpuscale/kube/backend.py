@@ -84,9 +84,11 @@ class KubeBackend:
         self._pods: tuple[object, tuple[Pod, ...]] = (None, ())
         self._nodes: tuple[object, tuple[Node, ...]] = (None, ())
         self._pdbs: tuple[object, tuple[PodDisruptionBudget, ...]] = (None, ())
-        self._pod_memo: dict[str, tuple[str, _PodView]] = {}
+        self._pod_memo: dict[int, tuple[Obj, _PodView]] = {}
+        """Converted pods by the identity of the cached object they were read from (the cache stores a new object on
+        every change, so only changed pods are read again, and a round over 10,000 pods does no per-pod key work)."""
         self._node_memo: dict[str, tuple[str, Node | None]] = {}
-        """Converted objects by key with the resourceVersion they were converted at: only changed ones are read."""
+        """Converted nodes by key with the resourceVersion they were converted at: only changed ones are read."""
         self._bad: set[str] = set()
 
     # ------------------------------------------------------------------ reads
@@ -113,14 +115,13 @@ class KubeBackend:
         version = (self.cache.versions["pods"], self.cache.versions["nodes"])
         if self._pods[0] != version:
             nodes = {n.name for n in self.list_nodes()}
-            memo: dict[str, tuple[str, _PodView]] = {}
+            memo: dict[int, tuple[Obj, _PodView]] = {}
             out = []
             for obj in self.cache.objects("pods"):
-                key, rv = obj_key(obj), _rv(obj)
-                hit = self._pod_memo.get(key)
-                if hit is None or hit[0] != rv:
-                    hit = (rv, self._pod_view(obj))
-                memo[key] = hit
+                hit = self._pod_memo.get(id(obj))
+                if hit is None or hit[0] is not obj:
+                    hit = (obj, self._pod_view(obj))
+                memo[id(obj)] = hit
                 view = hit[1]
                 if view.pod is None:
                     continue

@@ -19,7 +19,6 @@ from typing import Any
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.resources.apps_v1 import DaemonSet
-from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 
 from gpuscale.kube.client import KubeClient, KubeError, as_kube_error
@@ -46,6 +45,10 @@ class Watched:
         return {"namespace": "*"} if self.namespaced else {}
 
 
+Pod = create_namespaced_resource("", "v1", "Pod", "pods")
+Node = create_global_resource("", "v1", "Node", "nodes")
+"""Pods and Nodes are read as plain dicts (lightkube's generic resources), not typed models: the cache keeps the
+decoded JSON as is, with no model built and converted back for each of thousands of objects."""
 GPUNodePool = create_global_resource("gpuscale.io", "v1alpha1", "GPUNodePool", "gpunodepools")
 GPUNodeClaim = create_global_resource("gpuscale.io", "v1alpha1", "GPUNodeClaim", "gpunodeclaims")
 OfferingAvailability = create_global_resource(
@@ -73,6 +76,15 @@ def raw(obj: Any) -> Obj:
         out: Obj = obj.to_dict()
         return out
     return dict(obj)
+
+
+def slim(obj: Obj) -> Obj:
+    """``obj`` without ``metadata.managedFields`` (server-side apply bookkeeping nothing here reads; often the
+    largest part of an object)."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
 
 
 def obj_key(obj: Obj) -> str:
@@ -172,7 +184,7 @@ class KubeCache:
         listing = self.client.api.list(w.resource, **w.scope)
         items = {}
         async for obj in listing:
-            d = raw(obj)
+            d = slim(raw(obj))
             items[obj_key(d)] = d
         rv = listing._resourceVersion or ""  # set once the list was read, also when it had no items
         with self._lock:
@@ -203,7 +215,7 @@ class KubeCache:
                 async for kind, obj in self.client.api.watch(
                     w.resource, resource_version=rv, server_timeout=self.watch_timeout_s, **w.scope
                 ):
-                    d = raw(obj)
+                    d = slim(raw(obj))
                     rv = (d.get("metadata") or {}).get("resourceVersion") or rv
                     self._apply(w, kind, d)
                     backoff = self.min_backoff_s

@@ -9,14 +9,24 @@ creation (the device plugin starting), on the first ``list_nodes`` after that ti
 full scale test with no cloud account. Launches are idempotent by request id: node names derive from it, so a repeated
 launch meets 409 AlreadyExists and returns the nodes labelled with it. ``max_nodes`` and ``unavailable_types`` stand in
 for a quota and for exhausted capacity.
+
+A launch returns at once, as a cloud's create call does: the Node creates are issued on the client's loop, at most
+``KwokConfig.parallel_creates`` at a time, so the nodes of one round are created concurrently rather than one HTTP
+round trip after another. The returned nodes are ``provisioning``; a create the API server refuses (other than 409)
+is reported by ``poll_errors`` as a ``launch-failed`` event for its request id. Every other call (``list_nodes``,
+``delete_node``, a quota check) first waits for the creates in flight, so reads never miss a node just launched.
+The Node records the pods it was launched for in the ``gpuscale.io/launched-for`` annotation (cut to 1 KiB).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from lightkube.resources.core_v1 import Node as KNode
 from lightkube.types import PatchType
@@ -28,7 +38,8 @@ from gpuscale.core.nodeclaim import REQUEST_ID_LABEL
 from gpuscale.core.resources import GPU_RESOURCE
 from gpuscale.errors import InsufficientCapacity, InvalidProviderRequest, QuotaExceeded, TransientProviderError
 from gpuscale.kube.cache import KubeCache, raw
-from gpuscale.kube.client import KubeClient, KubeError
+from gpuscale.kube.cache import Node as GenericNode
+from gpuscale.kube.client import KubeClient, KubeError, as_kube_error
 from gpuscale.providers.base import (
     CloudNode,
     CloudNodeState,
@@ -44,6 +55,8 @@ KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_TAINT = {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}
 PROVIDER_LABEL = "gpuscale.io/provider-kind"
 CREATED_ANNOTATION = "gpuscale.io/created-at"
+LAUNCHED_FOR_ANNOTATION = "gpuscale.io/launched-for"
+"""Comma-separated ``namespace/name`` of the pending pods a node was launched for (cut to 1 KiB)."""
 
 
 @dataclass(slots=True)
@@ -57,6 +70,10 @@ class KwokConfig:
     """Instance types with no capacity (InsufficientCapacity), to exercise fallbacks."""
     taint: bool = True
     """Add kwok's ``kwok.x-k8s.io/node=fake:NoSchedule`` taint."""
+    parallel_creates: int = 16
+    """At most this many Node creates in flight at once."""
+    settle_timeout_s: float = 30.0
+    """How long a read waits for the creates in flight."""
 
 
 class KwokProvider:
@@ -81,6 +98,9 @@ class KwokProvider:
         self.config = config or KwokConfig()
         self._types = catalog.by_name()
         self._events: list[ProviderEvent] = []
+        self._inflight: dict[str, tuple[Future[Any], CloudNode]] = {}
+        """Node name -> (its create on the client's loop, the node as returned by ``launch``)."""
+        self._gate: asyncio.Semaphore | None = None
 
     @property
     def capabilities(self) -> ProviderCapabilities:
@@ -90,7 +110,7 @@ class KwokProvider:
     # ------------------------------------------------------------------ API calls
     def _list(self, selector: str) -> list[dict[str, object]]:
         async def go() -> list[dict[str, object]]:
-            return [raw(n) async for n in self.client.api.list(KNode, labels=_labels(selector))]
+            return [raw(n) async for n in self.client.api.list(GenericNode, labels=_labels(selector))]
 
         try:
             return self.client.run(go(), verb="list", resource="nodes")
@@ -103,6 +123,8 @@ class KwokProvider:
             raise InvalidProviderRequest(
                 f"unknown instance type {request.instance_type!r}", provider=self.name, field="instance_type"
             )
+        if request.instance_type in self.config.unavailable_types or self.config.max_nodes is not None:
+            self.settle()
         if request.instance_type in self.config.unavailable_types:
             made = self._list(f"{REQUEST_ID_LABEL}={request.request_id}")
             if made:  # launched before the capacity ran out: the same nodes again
@@ -151,6 +173,7 @@ class KwokProvider:
                         KWOK_ANNOTATION: "fake",
                         CREATED_ANNOTATION: repr(self.clock.now()),
                         "node.alpha.kubernetes.io/ttl": "0",
+                        **({LAUNCHED_FOR_ANNOTATION: _cut(",".join(request.pods))} if request.pods else {}),
                     },
                 },
                 "spec": {"providerID": f"kwok://{name}", "taints": taints},
@@ -160,20 +183,49 @@ class KwokProvider:
                     "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
                 },
             }
-            try:
-                created = self.client.run(
-                    self.client.api.create(KNode.from_dict(body)), verb="create", resource="nodes"
-                )
-                out.append(self._cloud(raw(created)))
-            except KubeError as exc:
-                if exc.status == 409:  # created by an earlier attempt with the same request id
-                    continue
-                raise TransientProviderError(exc.describe(), provider=self.name, status=exc.status or None) from exc
-        if len(out) < request.count:
-            return [self._cloud(n) for n in self._list(f"{REQUEST_ID_LABEL}={request.request_id}")]
+            out.append(self._submit(name, body))
         return out
 
+    def _submit(self, name: str, body: dict[str, Any]) -> CloudNode:
+        """Start the create of Node ``name`` (unless it is in flight or cached) and return it as launched."""
+        if name in self._inflight:
+            return self._inflight[name][1]
+        cached = self.cache.get("nodes", name) if self.cache is not None and self.cache.healthy else None
+        if cached is not None:  # created by an earlier attempt with the same request id
+            return self._cloud(cached)
+        node = replace(self._cloud(body), state=CloudNodeState.PROVISIONING)
+        self._inflight[name] = (self.client.spawn(self._create(body)), node)
+        return node
+
+    async def _create(self, body: dict[str, Any]) -> None:
+        if self._gate is None:  # made on the client's loop, where it is used
+            self._gate = asyncio.Semaphore(max(1, self.config.parallel_creates))
+        async with self._gate:
+            await self.client.api.create(GenericNode.from_dict(body))
+
+    def settle(self) -> None:
+        """Wait for the Node creates in flight; a refused one (other than 409 AlreadyExists: made by an earlier
+        attempt) becomes a ``launch-failed`` event for ``poll_errors``."""
+        inflight, self._inflight = self._inflight, {}
+        for name, (fut, node) in inflight.items():
+            try:
+                fut.result(self.config.settle_timeout_s)
+            except Exception as exc:
+                err = as_kube_error(exc, "create", "nodes")
+                if err.status == 409:
+                    continue
+                self._events.append(
+                    ProviderEvent(
+                        ProviderEventKind.LAUNCH_FAILED,
+                        node_id=name,
+                        request_id=node.request_id,
+                        message=f"kwok node {name}: {err.describe()}",
+                        at=self.clock.now(),
+                    )
+                )
+
     def delete_node(self, node_id: str) -> None:
+        self.settle()
         try:
             self.client.run(self.client.api.delete(KNode, node_id), verb="delete", resource="nodes")
         except KubeError as exc:
@@ -181,6 +233,7 @@ class KwokProvider:
                 raise TransientProviderError(exc.describe(), provider=self.name, status=exc.status or None) from exc
 
     def list_nodes(self) -> Sequence[CloudNode]:
+        self.settle()
         if self.cache is not None and self.cache.healthy:
             nodes = [
                 n
@@ -195,6 +248,7 @@ class KwokProvider:
         return [self._cloud(n) for n in nodes]
 
     def poll_errors(self) -> Sequence[ProviderEvent]:
+        self.settle()
         events, self._events = self._events, []
         return events
 
@@ -253,6 +307,13 @@ def _request_id(n: dict[str, object]) -> str:
     meta = n.get("metadata") or {}
     labels = meta.get("labels") or {} if isinstance(meta, dict) else {}
     return str(labels.get(REQUEST_ID_LABEL, "")) if isinstance(labels, dict) else ""
+
+
+def _cut(text: str, limit: int = 1024) -> str:
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(",", 0, limit)
+    return text[:cut] if cut > 0 else text[:limit]
 
 
 def _labels(selector: str) -> dict[str, str]:
