@@ -36,10 +36,10 @@ from urllib.parse import parse_qsl, quote, urlsplit
 
 from alibabacloud_cs20151215 import models as cs
 from werkzeug.routing import Map, Rule
-from werkzeug.serving import ThreadedWSGIServer, WSGIRequestHandler
 from werkzeug.wrappers import Request, Response
 
 from gpuscale.clock import Clock, SystemClock
+from gpuscale.fakes._http import LocalServer
 
 __all__ = ["ACTIONS", "FakeAlibabaAPI"]
 
@@ -162,18 +162,6 @@ def _get(d: dict[str, Any], dotted: str) -> Any:
     return cur
 
 
-class _Server(ThreadedWSGIServer):
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that went away is not an error of the fake."""
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_request(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-
 class FakeAlibabaAPI:
     """The fake ACK API. ``access_key_id`` / ``access_key_secret`` are the credentials it accepts."""
 
@@ -187,8 +175,7 @@ class FakeAlibabaAPI:
             [Rule(path, endpoint=action, methods=[method]) for action, (method, path, _, _) in ACTIONS.items()]
         )
         self._lock = threading.RLock()
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._http = LocalServer(self._wsgi, name="fake-ack")
         self.reset()
 
     def __enter__(self) -> FakeAlibabaAPI:
@@ -199,30 +186,17 @@ class FakeAlibabaAPI:
 
     def start(self) -> FakeAlibabaAPI:
         """Serve on an ephemeral port of 127.0.0.1 in a background thread."""
-        if self._server is None:
-            self._server = _Server("127.0.0.1", 0, self._wsgi, handler=_QuietHandler)
-            self._thread = threading.Thread(
-                target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-ack", daemon=True
-            )
-            self._thread.start()
+        self._http.start()
         return self
 
     def stop(self) -> None:
         """Stop serving."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        self._http.stop()
 
     @property
     def endpoint(self) -> str:
         """``127.0.0.1:PORT``, the SDK's ``Config.endpoint`` (with ``protocol="http"``)."""
-        if self._server is None:
-            raise RuntimeError("the fake ACK API is not started")
-        return f"127.0.0.1:{self._server.server_port}"
+        return f"127.0.0.1:{self._http.port('fake ACK API')}"
 
     def reset(self) -> None:
         """Forget all state, faults and recorded requests."""

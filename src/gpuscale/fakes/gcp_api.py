@@ -40,10 +40,10 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from werkzeug.serving import ThreadedWSGIServer, WSGIRequestHandler
 from werkzeug.wrappers import Request, Response
 
 from gpuscale.clock import Clock, SystemClock
+from gpuscale.fakes._http import LocalServer
 from gpuscale.fakes.google_discovery import DiscoveryDocument, discovery_document
 
 __all__ = ["DiscoveryDocument", "FakeGcpAPI", "FakeSpecViolation", "discovery_document"]
@@ -126,18 +126,6 @@ class _Op:
     pool_key: str = ""
 
 
-class _Server(ThreadedWSGIServer):
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that went away is not an error of the fake."""
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_request(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-
 def _ts(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
@@ -156,8 +144,7 @@ class FakeGcpAPI:
         self.container = discovery_document("container.v1")
         self.compute = discovery_document("compute.v1")
         self._lock = threading.RLock()
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._http = LocalServer(self._wsgi, name="fake-gcp")
         self.reset()
 
     # --- lifecycle ---------------------------------------------------------------------------------------------
@@ -169,30 +156,17 @@ class FakeGcpAPI:
 
     def start(self) -> FakeGcpAPI:
         """Serve on an ephemeral port of 127.0.0.1 in a background thread."""
-        if self._server is None:
-            self._server = _Server("127.0.0.1", 0, self._wsgi, handler=_QuietHandler)
-            self._thread = threading.Thread(
-                target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-gcp", daemon=True
-            )
-            self._thread.start()
+        self._http.start()
         return self
 
     def stop(self) -> None:
         """Stop serving."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        self._http.stop()
 
     @property
     def endpoint(self) -> str:
         """The ``api_endpoint`` to give both SDK clients (``http://127.0.0.1:PORT``)."""
-        if self._server is None:
-            raise RuntimeError("the fake GCP API is not started")
-        return f"http://127.0.0.1:{self._server.server_port}"
+        return f"http://127.0.0.1:{self._http.port('fake GCP API')}"
 
     def reset(self) -> None:
         """Forget all state, faults and recorded requests."""

@@ -46,10 +46,11 @@ from openapi_core.contrib.werkzeug import WerkzeugOpenAPIRequest, WerkzeugOpenAP
 from openapi_schema_validator import OAS30Validator
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import Map, Rule
-from werkzeug.serving import ThreadedWSGIServer, WSGIRequestHandler
+from werkzeug.serving import WSGIRequestHandler
 from werkzeug.wrappers import Request, Response
 
 from gpuscale.clock import Clock, SystemClock
+from gpuscale.fakes._http import LocalServer
 
 __all__ = [
     "DEFAULT_SPEC_PATH",
@@ -262,13 +263,6 @@ class _QuietHandler(WSGIRequestHandler):
         """Silence the per-request access log."""
 
 
-class _Server(ThreadedWSGIServer):
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that timed out closed its socket before a delayed response: not an error of the fake."""
-
-
 _ROUTES = Map(
     [
         Rule("/<ver>/lke/clusters/<int:cid>", endpoint="cluster", methods=["GET"]),
@@ -316,29 +310,17 @@ class FakeLinodeAPI:
         self._stuck: set[str] = set()
         self._next_id = 1000
         self._next_instance = 50_000_000
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._http = LocalServer(self._wsgi, name="fake-linode", handler=_QuietHandler)
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
     def start(self) -> FakeLinodeAPI:
         """Serve on an ephemeral port of 127.0.0.1 in a background thread."""
-        if self._server is None:
-            self._server = _Server("127.0.0.1", 0, self._wsgi, handler=_QuietHandler)
-            self._thread = threading.Thread(
-                target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-linode", daemon=True
-            )
-            self._thread.start()
+        self._http.start()
         return self
 
     def stop(self) -> None:
         """Stop serving."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        self._http.stop()
 
     def __enter__(self) -> FakeLinodeAPI:
         return self.start()
@@ -352,9 +334,7 @@ class FakeLinodeAPI:
     @property
     def base_url(self) -> str:
         """The API base URL to give a client (``http://127.0.0.1:PORT/v4``)."""
-        if self._server is None:
-            raise RuntimeError("the fake Linode API is not started")
-        return f"http://127.0.0.1:{self._server.server_port}/v4"
+        return f"http://127.0.0.1:{self._http.port('fake Linode API')}/v4"
 
     def reset(self) -> None:
         """Forget all state, faults and recorded requests (to share one server between tests)."""
