@@ -122,6 +122,13 @@ def demo_command(as_json: bool, out: str | None) -> None:
     run_and_report(DEMO_SCENARIO, None, as_json, out, None)
 
 
+def gpr_report_keys(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The GPR figures of a report of a scenario with GPRs (none otherwise)."""
+    from gpuscale.sim.gpr.mixed import gpr_report_keys as keys
+
+    return keys(report)
+
+
 def compare_rows(
     scenario: Scenario, policies: Sequence[str], show_progress: bool = False
 ) -> tuple[list[dict[str, Any]], dict[str, SimResult]]:
@@ -132,7 +139,7 @@ def compare_rows(
     for name in policies:
         res = simulate_policy(scenario, name, work, show_progress)
         results[name] = res
-        rows.append({k: (name if k == "policy" else res.report[k]) for k in COMPARE_KEYS})
+        rows.append({k: (name if k == "policy" else res.report[k]) for k in COMPARE_KEYS} | gpr_report_keys(res.report))
     rows.append({"policy": "lower-bound", "costUsd": round(lower_bound(work, scenario.pools, scenario.catalog), 6)})
     return rows, results
 

@@ -159,6 +159,11 @@ def run_simulation(
     controller = _make_controller(
         controller_factory, cluster, cloud, scenario.pools, scenario.catalog, engine, scenario.policy
     )
+    gprs = None
+    if scenario.gprs:  # GPRs beside the pods, through the same controller when it takes them
+        from gpuscale.sim.gpr.mixed import GprSide
+
+        gprs = GprSide(scenario.gprs, engine, cloud, cluster, scenario.catalog, controller)
     series = TimeSeries()
     reconciles = restarts = 0
     reconcile_times: list[float] = []
@@ -179,6 +184,8 @@ def run_simulation(
         t_event = engine.peek()
         wake_fn = getattr(controller, "next_wakeup", None)
         wake = wake_fn() if wake_fn is not None else None
+        if gprs is not None and (g_wake := gprs.next_wakeup()) is not None:
+            wake = g_wake if wake is None else min(wake, g_wake)
         if wake is not None:
             if wake > last_reconcile:  # a future timer: honoured on time (but not more often than min_spacing_s)
                 wake = max(wake, last_reconcile + spacing, now)
@@ -204,13 +211,19 @@ def run_simulation(
         reconcile_now = (next_reconcile is not None and now >= next_reconcile) or (wake is not None and now >= wake)
         if reconcile_now and now < end:
             try:
+                if gprs is not None:
+                    gprs.reconcile()
                 controller.reconcile()
+                if gprs is not None:
+                    gprs.after_controller()
             except ControllerCrash:
                 restarts += 1
                 crashed = True
                 controller = _make_controller(
                     controller_factory, cluster, cloud, scenario.pools, scenario.catalog, engine, scenario.policy
                 )
+                if gprs is not None:
+                    gprs.attach(controller)
             else:
                 crashed = False
             reconciles += 1
@@ -255,6 +268,8 @@ def run_simulation(
         reconciles=reconciles,
         restarts=restarts,
     )
+    if gprs is not None:
+        report.update(gprs.report())
     return SimResult(
         scenario=scenario,
         engine=engine,

@@ -81,7 +81,7 @@ from gpuscale.sim.workloads import (
 
 TOP_FIELDS = (
     "name", "description", "seed", "duration", "catalog", "pools", "cloud", "cluster", "workload", "policy",
-    "inference",
+    "inference", "gprs",
 )  # fmt: skip
 CLOUD_FIELDS = (
     "provider",
@@ -183,6 +183,8 @@ class Scenario:
     """The ``inference`` section (:class:`gpuscale.sim.inference.InferenceSpec`): models scaled by their scalers."""
     provider: str | None = None
     """The provider profile (``cloud.provider``, or the one ``compare --providers`` ran it on); None: none."""
+    gprs: tuple[Any, ...] = ()
+    """The ``gprs`` section (:class:`gpuscale.sim.gpr.mixed.GprArrival`): GPRs submitted beside the pods."""
 
     def arrivals(self) -> list[Arrival]:
         """Every arrival of every workload source, merged in time order (pod keys must be unique)."""
@@ -388,6 +390,11 @@ def parse_scenario(
 
         inference = parse_inference(v, top["inference"], base)
     workload = () if inference is not None and top.get("workload") is None else _workloads(v, top.get("workload"), base)
+    gprs: tuple[Any, ...] = ()
+    if top.get("gprs") is not None:  # GPU Provisioning Requests beside the pods (gpuscale.sim.gpr.mixed)
+        from gpuscale.sim.gpr.mixed import parse_gprs
+
+        gprs = parse_gprs(v, top["gprs"], catalog)
     policy = v.mapping(top.get("policy"), "policy", _AnyKeys())
     interval = v.duration(policy.get("reconcileInterval", 10.0), "policy.reconcileInterval")
     if interval <= 0:
@@ -414,6 +421,7 @@ def parse_scenario(
         settle_s=settle,
         inference=inference,
         provider=getattr(own or home, "name", None),
+        gprs=gprs,
     )
 
 
