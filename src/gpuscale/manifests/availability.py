@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuscale.core.model import CapacityType, InstanceType, OfferingKey
-from gpuscale.manifests.fields import as_list, as_mapping, as_str, check_fields, choice
+from gpuscale.manifests.fields import as_list, as_mapping, as_str, check_fields, choice, fields_of
 from gpuscale.manifests.pools import TOP_FIELDS
 from gpuscale.manifests.problems import Doc, FieldError, close_matches
 from gpuscale.manifests.quantity import MAX_DURATION_S, parse_duration
@@ -47,12 +47,9 @@ def _entry(
     doc: Doc, raw: object, path: str, types: Mapping[str, InstanceType], now: float
 ) -> list[tuple[OfferingKey, float]]:
     before = len(doc.problems)
-    try:
-        m = as_mapping(raw, path)
-    except FieldError as err:
-        doc.report(err)
+    m = fields_of(doc, raw, path, ENTRY_FIELDS)
+    if m is None:
         return []
-    check_fields(doc, m, path, ENTRY_FIELDS)
     itype: InstanceType | None = None
     zone = ""
     cap: CapacityType | None = None

@@ -101,6 +101,17 @@ def check_fields(doc: Doc, obj: Mapping[str, Any], path: str, allowed: Collectio
             doc.error(where, "unknown field", key, fix=did_you_mean(str(key), allowed))
 
 
+def fields_of(doc: Doc, value: object, path: str, allowed: Collection[str]) -> dict[str, Any] | None:
+    """The mapping at ``path`` with its unknown keys reported (:func:`check_fields`); None, reported, if not one."""
+    try:
+        m = as_mapping(value, path)
+    except FieldError as err:
+        doc.report(err)
+        return None
+    check_fields(doc, m, path, allowed)
+    return m
+
+
 def choice(value: object, path: str, options: Collection[str]) -> str:
     """A string that must be one of ``options``."""
     text = as_str(value, path, required=True)
@@ -120,12 +131,9 @@ def requirement(
     In/NotIn need at least one value, Exists/DoesNotExist none, Gt/Lt exactly one integer.
     """
     before = len(doc.problems)
-    try:
-        m = as_mapping(obj, path)
-    except FieldError as err:
-        doc.report(err)
+    m = fields_of(doc, obj, path, (*REQUIREMENT_FIELDS, *extra_fields))
+    if m is None:
         return None
-    check_fields(doc, m, path, (*REQUIREMENT_FIELDS, *extra_fields))
     key = op = ""
     values: tuple[str, ...] = ()
     with doc.field():
@@ -166,12 +174,9 @@ TAINT_FIELDS = ("key", "value", "effect", "timeAdded")
 def taint(doc: Doc, obj: object, path: str, *, allowed: Collection[str] = TAINT_FIELDS) -> Taint | None:
     """A taint ``{key, value, effect}``; the effect is required."""
     before = len(doc.problems)
-    try:
-        m = as_mapping(obj, path)
-    except FieldError as err:
-        doc.report(err)
+    m = fields_of(doc, obj, path, allowed)
+    if m is None:
         return None
-    check_fields(doc, m, path, allowed)
     key = value = effect = ""
     with doc.field():
         key = as_str(m.get("key"), f"{path}.key", required=True)
@@ -190,12 +195,9 @@ TOLERATION_FIELDS = ("key", "operator", "value", "effect", "tolerationSeconds")
 def toleration(doc: Doc, obj: object, path: str) -> Toleration | None:
     """A toleration: operator Equal (default) or Exists; an empty key needs Exists; Exists takes no value."""
     before = len(doc.problems)
-    try:
-        m = as_mapping(obj, path)
-    except FieldError as err:
-        doc.report(err)
+    m = fields_of(doc, obj, path, TOLERATION_FIELDS)
+    if m is None:
         return None
-    check_fields(doc, m, path, TOLERATION_FIELDS)
     key = value = ""
     op = "Equal"
     effect: TaintEffect | None = None

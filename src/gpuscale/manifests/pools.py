@@ -32,6 +32,7 @@ from gpuscale.manifests.fields import (
     as_str,
     check_fields,
     choice,
+    fields_of,
     requirement,
     str_list,
     str_map,
@@ -289,12 +290,9 @@ def _disruption(doc: Doc, raw: object) -> Disruption:
 
 def _budget(doc: Doc, raw: object, path: str) -> DisruptionBudget | None:
     before = len(doc.problems)
-    try:
-        m = as_mapping(raw, path)
-    except FieldError as err:
-        doc.report(err)
+    m = fields_of(doc, raw, path, BUDGET_FIELDS)
+    if m is None:
         return None
-    check_fields(doc, m, path, BUDGET_FIELDS)
     nodes = "10%"
     schedule: str | None = None
     duration: float | None = None

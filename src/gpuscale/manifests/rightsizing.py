@@ -19,7 +19,7 @@ from typing import Any
 
 from gpuscale.core.autoscale.rightsize import Limits
 from gpuscale.core.autoscale.rightsize_update import RESOURCES, RightsizePolicy, UpdateMode
-from gpuscale.manifests.fields import as_int, as_list, as_mapping, as_str, check_fields, choice
+from gpuscale.manifests.fields import as_int, as_list, as_mapping, as_str, check_fields, choice, fields_of
 from gpuscale.manifests.problems import Doc, FieldError
 from gpuscale.manifests.quantity import QUANTITY_HELP, cpu_milli, memory_mib
 
@@ -38,12 +38,9 @@ def read_rightsizing(doc: Doc, raw: object, default_server: str) -> RightsizePol
     if raw is None:
         return None
     before = len(doc.problems)
-    try:
-        m = as_mapping(raw, PATH)
-    except FieldError as err:
-        doc.report(err)
+    m = fields_of(doc, raw, PATH, RIGHTSIZING_FIELDS)
+    if m is None:
         return None
-    check_fields(doc, m, PATH, RIGHTSIZING_FIELDS)
     mode, controlled = UpdateMode.OFF, tuple[str, ...](RESOURCES)
     with doc.field():
         if m.get("updateMode") is not None:

@@ -46,7 +46,7 @@ from gpuscale.core.cron import CronSchedule, parse_cron
 from gpuscale.errors import InputError
 from gpuscale.inputs import GuardedLoader, compose_documents, construct, paused_gc, read_text, yaml_error
 from gpuscale.manifests import _locator
-from gpuscale.manifests.fields import as_int, as_list, as_mapping, as_str, check_fields, choice
+from gpuscale.manifests.fields import as_int, as_list, as_mapping, as_str, check_fields, choice, fields_of
 from gpuscale.manifests.problems import Doc, FieldError, ManifestError, did_you_mean
 from gpuscale.manifests.rightsizing import read_rightsizing
 
@@ -341,12 +341,9 @@ def _fallback(doc: Doc, raw: object, hi: int) -> Fallback | None:
     if raw is None:
         return None
     path = "spec.fallback"
-    try:
-        m = as_mapping(raw, path)
-    except FieldError as err:
-        doc.report(err)
+    m = fields_of(doc, raw, path, FALLBACK_FIELDS)
+    if m is None:
         return None
-    check_fields(doc, m, path, FALLBACK_FIELDS)
     threshold = replicas = 0
     with doc.field():
         threshold = as_int(m.get("failureThreshold"), f"{path}.failureThreshold", minimum=0, maximum=MAX_REPLICAS)
@@ -437,12 +434,9 @@ def _tolerance(value: object, path: str) -> float:
 
 def _policy(doc: Doc, raw: object, path: str) -> ScalingPolicy | None:
     before = len(doc.problems)
-    try:
-        m = as_mapping(raw, path)
-    except FieldError as err:
-        doc.report(err)
+    m = fields_of(doc, raw, path, POLICY_FIELDS)
+    if m is None:
         return None
-    check_fields(doc, m, path, POLICY_FIELDS)
     kind, value, period = PolicyType.PODS, 0, 0
     with doc.field():
         kind = PolicyType(choice(m.get("type"), f"{path}.type", [str(t) for t in PolicyType]))
@@ -489,12 +483,9 @@ def _triggers(doc: Doc, raw: object, namespace: str, target: str) -> tuple[list[
 def _trigger(doc: Doc, raw: object, path: str, index: int, namespace: str,
              target: str) -> tuple[Trigger, str, str] | None:  # fmt: skip
     before = len(doc.problems)
-    try:
-        m = as_mapping(raw, path)
-    except FieldError as err:
-        doc.report(err)
+    m = fields_of(doc, raw, path, TRIGGER_FIELDS)
+    if m is None:
         return None
-    check_fields(doc, m, path, TRIGGER_FIELDS)
     kind = name = ""
     metric_type = "AverageValue"
     meta: dict[str, Any] = {}
@@ -561,12 +552,9 @@ def _schedules(doc: Doc, raw: object, hi: int) -> list[Schedule]:
     for i, item in enumerate(items):
         path = f"spec.schedules[{i}]"
         before = len(doc.problems)
-        try:
-            m = as_mapping(item, path)
-        except FieldError as err:
-            doc.report(err)
+        m = fields_of(doc, item, path, SCHEDULE_FIELDS)
+        if m is None:
             continue
-        check_fields(doc, m, path, SCHEDULE_FIELDS)
         crons: dict[str, CronSchedule] = {}
         for key in ("start", "end"):
             with doc.field():
@@ -594,12 +582,9 @@ def _budget_ref(doc: Doc, raw: object) -> BudgetRef | None:
         return None
     path = "spec.gpuBudget"
     before = len(doc.problems)
-    try:
-        m = as_mapping(raw, path)
-    except FieldError as err:
-        doc.report(err)
+    m = fields_of(doc, raw, path, GPU_BUDGET_REF_FIELDS)
+    if m is None:
         return None
-    check_fields(doc, m, path, GPU_BUDGET_REF_FIELDS)
     name = model = ""
     gpus = 1
     with doc.field():
@@ -662,12 +647,9 @@ def _share(value: object, path: str) -> float:
 
 def _model(doc: Doc, raw: object, path: str) -> ModelShare | None:
     before = len(doc.problems)
-    try:
-        m = as_mapping(raw, path)
-    except FieldError as err:
-        doc.report(err)
+    m = fields_of(doc, raw, path, MODEL_FIELDS)
+    if m is None:
         return None
-    check_fields(doc, m, path, MODEL_FIELDS)
     name, gpus = "", 0
     with doc.field():
         name = as_str(m.get("name"), f"{path}.name", required=True)

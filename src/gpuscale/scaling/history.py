@@ -17,7 +17,7 @@ from gpuscale.core.autoscale.replay import HistoryStep
 from gpuscale.errors import InputError
 from gpuscale.inputs import load_yaml_text, read_text
 from gpuscale.manifests import _locator
-from gpuscale.manifests.fields import as_float, as_int, as_mapping, check_fields
+from gpuscale.manifests.fields import as_float, as_int, as_mapping, fields_of
 from gpuscale.manifests.problems import Doc, FieldError, ManifestError, did_you_mean
 
 STEP_FIELDS = ("t", "metrics", "readyPods", "unreadyPods", "missingMetricPods")
@@ -59,12 +59,9 @@ def load_history(path: str | Path, triggers: Collection[str]) -> list[HistorySte
 
 def _step(doc: Doc, raw: object, path: str, triggers: Collection[str]) -> HistoryStep | None:
     before = len(doc.problems)
-    try:
-        m = as_mapping(raw, path)
-    except FieldError as err:
-        doc.report(err)
+    m = fields_of(doc, raw, path, STEP_FIELDS)
+    if m is None:
         return None
-    check_fields(doc, m, path, STEP_FIELDS)
     t = 0.0
     with doc.field():
         if m.get("t") is None:

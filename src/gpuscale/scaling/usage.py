@@ -27,7 +27,7 @@ from gpuscale.core.autoscale.rightsize import ContainerUsage, GpuUsage, Limits
 from gpuscale.errors import InputError
 from gpuscale.inputs import load_yaml_text, read_text
 from gpuscale.manifests import _locator
-from gpuscale.manifests.fields import as_float, as_int, as_list, as_mapping, as_str, check_fields
+from gpuscale.manifests.fields import as_float, as_int, as_list, as_mapping, as_str, check_fields, fields_of
 from gpuscale.manifests.problems import Doc, FieldError, ManifestError
 from gpuscale.manifests.quantity import QUANTITY_HELP, cpu_milli, memory_mib
 from gpuscale.metrics.usage import PrometheusUsage, Usage, UsageSource, workload_of
@@ -118,12 +118,9 @@ def _workload(doc: Doc, raw: object, path: str, containers: list[ContainerUsage]
 
 def _container(doc: Doc, raw: object, path: str) -> tuple[str, Limits, Limits, Limits, list[tuple[float, ...]]] | None:
     before = len(doc.problems)
-    try:
-        m = as_mapping(raw, path)
-    except FieldError as err:
-        doc.report(err)
+    m = fields_of(doc, raw, path, CONTAINER_FIELDS)
+    if m is None:
         return None
-    check_fields(doc, m, path, CONTAINER_FIELDS)
     name = ""
     with doc.field():
         name = as_str(m.get("name"), f"{path}.name", required=True)
