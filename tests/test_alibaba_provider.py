@@ -355,6 +355,23 @@ def _ledger_text(fake: FakeAlibabaAPI) -> str:
     )
 
 
+def _r1_r2_launched(fake: FakeAlibabaAPI, clock: ManualClock) -> AlibabaProvider:
+    """A provider that launched r1 (2 nodes) and then r2 (1 node), each task done."""
+    p = _provider(fake, clock)
+    p.launch(_req("r1", count=2))
+    clock.sleep(61)
+    p.launch(_req("r2"))
+    clock.sleep(61)
+    return p
+
+
+def _settle(p: AlibabaProvider, clock: ManualClock) -> None:
+    """Three rounds of 61 s, each carrying the provider's pending work on."""
+    for _ in range(3):
+        clock.sleep(61)
+        p.poll_errors()
+
+
 def _by_request(nodes: Sequence[CloudNode]) -> dict[str, list[tuple[str, str]]]:
     out: dict[str, list[tuple[str, str]]] = {}
     for n in sorted(nodes, key=lambda n: n.node_id):
@@ -399,11 +416,7 @@ def test_after_a_restart_every_node_has_its_request_and_a_relaunch_creates_nothi
     env: tuple[FakeAlibabaAPI, ManualClock],
 ) -> None:
     fake, clock = env
-    first = _provider(fake, clock)
-    first.launch(_req("r1", count=2))
-    clock.sleep(61)
-    first.launch(_req("r2"))
-    clock.sleep(61)
+    first = _r1_r2_launched(fake, clock)
     before = _by_request(first.list_nodes())
     assert sorted(before) == ["r1", "r2"] and all(i for ns in before.values() for _, i in ns)
     second = _provider(fake, clock)  # a restart: a new provider on the same cloud
@@ -440,19 +453,13 @@ def test_a_crash_between_the_tombstone_and_the_removal_still_removes_that_node_o
     env: tuple[FakeAlibabaAPI, ManualClock],
 ) -> None:
     fake, clock = env
-    first = _provider(fake, clock)
-    first.launch(_req("r1", count=2))
-    clock.sleep(61)
-    first.launch(_req("r2"))
-    clock.sleep(61)
+    first = _r1_r2_launched(fake, clock)
     nodes = _by_request(first.list_nodes())
     victim_id, victim = nodes["r1"][1]
     first.delete_node(victim_id)  # the ledger write; the process dies before RemoveNodePoolNodes
     second = _provider(fake, clock)
     assert victim not in {n.instance_id for n in second.list_nodes()}
-    for _ in range(3):
-        clock.sleep(61)
-        second.poll_errors()
+    _settle(second, clock)
     assert [r["instance_ids"] for r in fake.removals] == [[victim]]
     third = _provider(fake, clock)  # the removal done: the other nodes keep their requests
     assert _by_request(third.list_nodes()) == {"r1": nodes["r1"][:1], "r2": nodes["r2"]}
@@ -490,9 +497,7 @@ def test_a_slot_cancelled_while_its_pool_is_busy_loses_its_node_and_keeps_the_ot
     slots = sorted(n.node_id for n in p.launch(_req("r1", count=2)))
     p.delete_node(slots[1])  # the pool is still being created
     assert [n.node_id for n in p.list_nodes()] == [slots[0]]
-    for _ in range(3):
-        clock.sleep(61)
-        p.poll_errors()
+    _settle(p, clock)
     assert [(n.node_id, n.request_id) for n in p.list_nodes()] == [(slots[0], "r1")]
     (pool,) = fake.pools(CLUSTER).values()
     assert len(pool["nodes"]) == 1 and len(fake.removals) == 1
@@ -512,8 +517,6 @@ def test_a_node_outside_the_ledger_is_listed_for_adoption_and_removed_by_instanc
     assert {n.request_id for n in nodes} == {""} and all(n.node_id == n.instance_id for n in nodes)
     q = _provider(fake, clock)
     q.delete_node(nodes[0].node_id)
-    for _ in range(3):
-        clock.sleep(61)
-        q.poll_errors()
+    _settle(q, clock)
     assert [n.node_id for n in q.list_nodes()] == [nodes[1].node_id]
     assert [r["instance_ids"] for r in fake.removals] == [[nodes[0].instance_id]]
