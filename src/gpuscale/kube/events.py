@@ -19,6 +19,7 @@ a credential is masked. Writes are not awaited: a failing event never slows or f
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 import hashlib
@@ -27,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from lightkube.resources.core_v1 import Event as KEvent
+from lightkube.generic_resource import create_namespaced_resource
 from lightkube.types import PatchType
 
 from gpuscale.clock import Clock, SystemClock
@@ -43,6 +44,10 @@ COMPONENT = "gpuscale"
 BURST = 25
 REFILL_S = 300.0
 MAX_MESSAGE = 1024
+EVENT_WRITES = 2
+"""Event writes in flight at once: Events queue behind the calls a round waits for (node creates), never before."""
+KEvent = create_namespaced_resource("", "v1", "Event", "events")
+"""Events are written and read back as plain dicts (lightkube's generic resource), with no typed model per write."""
 EVENT_NAMESPACE = "default"
 """Namespace of Events about cluster-scoped objects (nodes), as kubelet and the node controller do."""
 
@@ -111,6 +116,7 @@ class EventRecorder:
         self.dropped = 0
         """Events not written because their object exceeded its rate."""
         self.pending: list[Any] = []
+        self._gate: asyncio.Semaphore | None = None
 
     def record(self, event: Event) -> None:
         mapped = kube_reason(event)
@@ -200,8 +206,14 @@ class EventRecorder:
         )
         self._spawn(self.client.api.create(body, namespace=namespace), "create")
 
+    async def _gated(self, coro: Any) -> Any:
+        if self._gate is None:  # made on the client's loop, where it is used
+            self._gate = asyncio.Semaphore(EVENT_WRITES)
+        async with self._gate:
+            return await coro
+
     def _spawn(self, coro: Any, verb: str) -> None:
-        fut = self.client.spawn(coro)
+        fut = self.client.spawn(self._gated(coro))
 
         def done(f: Any) -> None:
             if f.cancelled():
