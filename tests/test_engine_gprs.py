@@ -3,7 +3,11 @@ table, availability record and node lifecycle then carry the nodes of both (cont
 
 from __future__ import annotations
 
+import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -177,3 +181,121 @@ def test_a_crash_while_gpr_nodes_launch_leaks_nothing_and_duplicates_nothing(
     claimed = {c.node_id for c in rig.ctrl.claims.values() if c.node_id}
     assert alive <= claimed  # no leak: every billed node is a claim of the one engine
     assert rig.cluster.running_count() == 1
+
+
+# ------------------------------------------------------------------------------- kill points with GPR nodes launching
+def _crash_run_with_gprs(
+    seed: int, points: dict[int, bool], db: Path
+) -> tuple[Any, Any, GprManager, list[str], int, set[str]]:
+    """The controller crash run of test_controller (two waves of pods, consolidation, deletes) with two GPRs sharing
+    the engine: A (2 nodes) at 0 s, released at 800 s; B (1 node) at 450 s, released at 1500 s. A crash kills both
+    processes; new ones start from the cluster, the cloud and the GPR database."""
+    import random
+
+    from test_controller import CATALOG as CTL_CATALOG
+    from test_controller import CRASH_POOL, Crash, CrashingBackend, CrashingProvider, CrashPlan, Harness, gpod
+
+    plan = CrashPlan(points)
+    h = Harness([CRASH_POOL], seed=seed)
+    h.backend = CrashingBackend(h.cluster, plan)
+
+    class Provider(CrashingProvider):  # type: ignore[misc]
+        def launch(self, request: Any) -> Any:  # GPR launches are their own kind of kill point
+            kind = "gpr-launch" if is_gpr_request_id(request.request_id) else "launch"
+            plan.kinds.append(kind)
+            return plan.around(kind, lambda: self.inner.launch(request))
+
+        def delete_node(self, node_id: str) -> None:
+            plan.kinds.append("provider-delete")
+            plan.around("provider-delete", lambda: self.inner.delete_node(node_id))
+
+    plan.kinds = []
+    h.provider = Provider(h.cloud, plan)
+    backend_around = plan.around
+
+    def around(kind: str, effect: Any) -> Any:
+        if kind not in ("launch", "gpr-launch", "provider-delete"):
+            plan.kinds.append(kind)
+        return backend_around(kind, effect)
+
+    plan.around = around
+
+    def start() -> GprManager:
+        h.ctrl = h.new_controller()
+        return GprManager(GprStore(db), CTL_CATALOG, provider=h.provider, clock=h.engine.clock, engine=h.ctrl)  # type: ignore[arg-type]
+
+    manager = start()
+    spec = {"requestName": "a", "gpuShape": "A10", "numberOfGPUs": 1, "exitDuration": "8h"}
+    rng = random.Random(seed)
+    for i in range(10):
+        h.engine.at(0.0, h.cluster.add_pod, gpod(f"a{i}"), rng.choice([150.0, 400.0, 900.0]))
+    for i in range(5):
+        h.engine.at(500.0, h.cluster.add_pod, gpod(f"b{i}"), rng.choice([100.0, 300.0]))
+    ids: list[str] = []
+    script = {
+        0.0: lambda m: ids.append(m.create({**spec, "numberOfGPUNodes": 2}).gpr_id),
+        450.0: lambda m: ids.append(m.create({**spec, "requestName": "b", "numberOfGPUNodes": 1}).gpr_id),
+        800.0: lambda m: m.release(ids[0]),
+        1500.0: lambda m: m.release(ids[1]),
+    }
+    restarts = 0
+    provisioned: set[str] = set()
+    t = 0.0
+    while t < 2400.0:
+        h.engine.run_until(t)
+        if t in script:
+            script[t](manager)
+        try:
+            manager.reconcile()
+            h.ctrl.reconcile()
+        except Crash:
+            restarts += 1
+            manager = start()
+        provisioned |= {g.gpr_id for g in manager.list_gprs((GprState.PROVISIONED,))}
+        t += 2.0
+    return h, plan, manager, ids, restarts, provisioned
+
+
+@pytest.fixture
+def fast_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory in memory when the machine has one (the GPR database commits every pass)."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        yield tmp_path
+        return
+    with tempfile.TemporaryDirectory(dir=shm, prefix="gpuscale-test-") as d:
+        yield Path(d)
+
+
+def test_crash_restart_while_gpr_nodes_launch_at_seeded_points(fast_dir: Path) -> None:
+    """Kill points while GPR and pod nodes launch, drain and are deleted: no leak, no duplicate, no GPR lost."""
+    import random
+
+    tmp_path = fast_dir
+
+    fired: list[str] = []
+    h, base, manager, ids, _, provisioned = _crash_run_with_gprs(0, {}, tmp_path / "base.db")
+    assert [manager.get(g).state for g in ids] == [GprState.RELEASED, GprState.RELEASED]
+    assert provisioned == set(ids)
+    total = base.calls
+    gpr_calls = [i + 1 for i, kind in enumerate(base.kinds) if kind == "gpr-launch"]
+    assert len(gpr_calls) >= 2
+    for k in range(8):
+        rng = random.Random(k)
+        # one kill point at a GPR launch (before or after its effect), two anywhere else
+        points = {gpr_calls[k % len(gpr_calls)]: k % 2 == 1}
+        points |= {rng.randint(1, total): rng.random() < 0.5 for _ in range(2)}
+        h, plan, manager, ids, restarts, provisioned = _crash_run_with_gprs(0, points, tmp_path / f"run{k}.db")
+        where = (k, plan.fired)
+        fired += plan.fired
+        assert restarts == len(plan.fired) > 0
+        # no GPR lost: each was provisioned, held until its release, and released
+        assert provisioned == set(ids), where
+        assert [manager.get(g).state for g in ids] == [GprState.RELEASED, GprState.RELEASED], where
+        assert h.cloud.counters.duplicate_nodes == 0, where
+        assert h.cloud.counters.idempotency_mismatches == 0, where
+        assert h.cluster.counters.pods_completed == 15 and h.cluster.pending_count() == 0, where
+        assert not h.alive(), where  # nothing leaked
+        assert not h.cluster.list_nodes(), where
+    assert fired.count("gpr-launch") == 8
+    assert {"launch", "gpr-launch"} <= set(fired)
