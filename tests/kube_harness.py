@@ -7,19 +7,66 @@ and free capacity, or marks it ``PodScheduled=False`` / ``Unschedulable``; pods 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 from lightkube import KubeConfig
 
+from gpuscale.controller.loop import ControllerConfig
 from gpuscale.core.predicates import static_fit
 from gpuscale.core.resources import Resources
 from gpuscale.fakes.kube_api import KubeAPIServer
 from gpuscale.kube.client import KubeClient
+from gpuscale.kube.command import ControllerProcess
 from gpuscale.manifests.nodes import read_node
 from gpuscale.manifests.pods import read_pod
 from gpuscale.manifests.problems import Doc, Notes
+
+TOLERATE_KWOK = [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}]
+CONFIG = ControllerConfig(batch_idle_s=0.0, batch_max_s=0.0, lost_grace_s=5.0, orphan_grace_s=5.0)
+"""The end-to-end controller config: no batching wait, short lost/orphan graces."""
+
+
+def kwok_pool(*, consolidate_after: str) -> dict[str, Any]:
+    """The GPUNodePool ``ada`` of the e2e tests: one Linode GPU type in us-ord on kwok nodes, at most 4."""
+    return {
+        "apiVersion": "gpuscale.io/v1alpha1",
+        "kind": "GPUNodePool",
+        "metadata": {"name": "ada"},
+        "spec": {
+            "instanceTypes": ["g2-gpu-rtx4000a1-s"],
+            "zones": ["us-ord"],
+            "capacityTypes": ["on-demand"],
+            "taints": [{"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}],
+            "maxNodes": 4,
+            "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": consolidate_after},
+        },
+    }
+
+
+class RoundsWorld:
+    """An end-to-end world driven in rounds: subclasses give :meth:`start` (a started process) and :meth:`round`."""
+
+    proc: ControllerProcess
+
+    def start(self) -> ControllerProcess:
+        raise NotImplementedError
+
+    def round(self, advance: float = 0.0) -> None:
+        raise NotImplementedError
+
+    def restart(self) -> None:
+        self.proc.close()
+        self.proc = self.start()
+
+    def until(self, cond: Callable[[], bool], *, advance: float = 1.0, rounds: int = 40) -> None:
+        for _ in range(rounds):
+            if cond():
+                return
+            self.round(advance)
+        assert cond(), "condition not reached"
 
 
 def kubeconfig_dict(url: str, token: str = "test-token") -> dict[str, Any]:

@@ -11,14 +11,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gpuscale.catalogs import load_catalog
 from gpuscale.clock import ManualClock
-from gpuscale.controller.loop import ControllerConfig
 from gpuscale.core.nodeclaim import REQUEST_ID_LABEL
 from gpuscale.fakes.kube_api import KubeAPIEmulator, KubeAPIServer
 from gpuscale.kube import API_VERBS, PREFLIGHT_VERBS
@@ -26,26 +25,12 @@ from gpuscale.kube.backend import DISRUPTED_TAINT
 from gpuscale.kube.command import ControllerProcess
 from gpuscale.kube.endpoints import ProcessEndpoints
 from gpuscale.kube.kwok import KwokConfig, KwokProvider
-from kube_harness import Scheduler, client_for, kubeconfig_for
+from kube_harness import CONFIG, TOLERATE_KWOK, RoundsWorld, Scheduler, client_for, kubeconfig_for, kwok_pool
 
 pytest.importorskip("lightkube")
 
 CATALOG = load_catalog("linode")
-POOL = {
-    "apiVersion": "gpuscale.io/v1alpha1",
-    "kind": "GPUNodePool",
-    "metadata": {"name": "ada"},
-    "spec": {
-        "instanceTypes": ["g2-gpu-rtx4000a1-s"],
-        "zones": ["us-ord"],
-        "capacityTypes": ["on-demand"],
-        "taints": [{"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}],
-        "maxNodes": 4,
-        "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "60s"},
-    },
-}
-TOLERATE_KWOK = [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}]
-CONFIG = ControllerConfig(batch_idle_s=0.0, batch_max_s=0.0, lost_grace_s=5.0, orphan_grace_s=5.0)
+POOL = kwok_pool(consolidate_after="60s")
 
 
 def gpu_pod(name: str, **labels: str) -> dict[str, object]:
@@ -67,7 +52,7 @@ def server() -> Iterator[KubeAPIServer]:
         yield srv
 
 
-class World:
+class World(RoundsWorld):
     """The emulated cluster, a scheduler, a clock and a controller process (restartable)."""
 
     def __init__(self, server: KubeAPIServer, kwok: KwokConfig | None = None) -> None:
@@ -82,10 +67,6 @@ class World:
             client_for(self.server), CATALOG, "kwok", clock=self.clock, config=CONFIG, kwok=self.kwok
         )
         return proc.start(sync_timeout_s=5)
-
-    def restart(self) -> None:
-        self.proc.close()
-        self.proc = self.start()
 
     def settle(self) -> None:
         """Let the watches deliver what was written (the cache version stops moving)."""
@@ -103,13 +84,6 @@ class World:
         self.settle()
         self.scheduler.step()
         self.settle()
-
-    def until(self, cond: Callable[[], bool], *, advance: float = 1.0, rounds: int = 40) -> None:
-        for _ in range(rounds):
-            if cond():
-                return
-            self.round(advance)
-        assert cond(), "condition not reached"
 
     def kwok_nodes(self) -> list[dict[str, object]]:
         return [n for n in self.server.items("nodes") if (n["metadata"].get("labels") or {}).get("type") == "kwok"]  # type: ignore[union-attr, index]

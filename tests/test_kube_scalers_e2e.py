@@ -12,7 +12,7 @@ the emulated API server, a stand-in Deployment controller making pods and a stan
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,33 +21,18 @@ import pytest
 
 from gpuscale.catalogs import load_catalog
 from gpuscale.clock import ManualClock
-from gpuscale.controller.loop import ControllerConfig
 from gpuscale.fakes.kube_api import KubeAPIServer
 from gpuscale.kube import API_VERBS, PREFLIGHT_VERBS
 from gpuscale.kube.command import ControllerProcess
 from gpuscale.kube.endpoints import ProcessEndpoints
 from gpuscale.metrics.prometheus import PrometheusClient
-from kube_harness import Scheduler, client_for
+from kube_harness import CONFIG, TOLERATE_KWOK, RoundsWorld, Scheduler, client_for, kwok_pool
 from prom_harness import Prometheus, agent, free_port, prometheus, wait_for
 
 pytest.importorskip("lightkube")
 
 CATALOG = load_catalog("linode")
-CONFIG = ControllerConfig(batch_idle_s=0.0, batch_max_s=0.0, lost_grace_s=5.0, orphan_grace_s=5.0)
-TOLERATE_KWOK = [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}]
-POOL = {
-    "apiVersion": "gpuscale.io/v1alpha1",
-    "kind": "GPUNodePool",
-    "metadata": {"name": "ada"},
-    "spec": {
-        "instanceTypes": ["g2-gpu-rtx4000a1-s"],
-        "zones": ["us-ord"],
-        "capacityTypes": ["on-demand"],
-        "taints": [{"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}],
-        "maxNodes": 4,
-        "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "600s"},
-    },
-}
+POOL = kwok_pool(consolidate_after="600s")
 HOSTNAME = "kube-scalers"
 QUERY = f'sum(DCGM_FI_DEV_GPU_UTIL{{Hostname="{HOSTNAME}"}})'
 LOW_S = 5.0
@@ -108,7 +93,7 @@ class Deployments:
             self.server.patch("deployments", name, {"status": {"replicas": want}}, "ml", status=True)
 
 
-class World:
+class World(RoundsWorld):
     def __init__(self, server: KubeAPIServer) -> None:
         self.server = server
         self.scheduler = Scheduler(server)
@@ -123,10 +108,6 @@ class World:
                                           leader_elect=False, metrics_port=0, health_port=0,
                                           host="127.0.0.1").start()  # fmt: skip
         return proc
-
-    def restart(self) -> None:
-        self.proc.close()
-        self.proc = self.start()
 
     def settle(self) -> None:
         last = -1
@@ -146,13 +127,6 @@ class World:
         self.settle()
         self.scheduler.step()
         self.settle()
-
-    def until(self, cond: Callable[[], bool], *, advance: float = 1.0, rounds: int = 40) -> None:
-        for _ in range(rounds):
-            if cond():
-                return
-            self.round(advance)
-        assert cond(), "condition not reached"
 
     def events(self, reason: str) -> list[dict[str, Any]]:
         assert self.proc.scalers is not None
