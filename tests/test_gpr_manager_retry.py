@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpuscale.clock import ManualClock
 from gpuscale.controller.availability import Availability, MemoryStore, SqliteStore
 from gpuscale.core.gpr import GprState
 from gpuscale.core.model import CapacityType, OfferingKey
@@ -16,8 +17,10 @@ from gpuscale.errors import (
     RateLimited,
     TransientProviderError,
 )
+from gpuscale.gpr.manager import GprManager
 from gpuscale.gpr.server import build_manager
-from test_gpr_manager import SPEC, FakeProvider, manager
+from gpuscale.gpr.store import GprStore
+from test_gpr_manager import CATALOG, SPEC, FakeProvider, manager
 
 
 def test_a_rate_limited_launch_waits_its_retry_after_with_the_same_request_id(tmp_path: Path) -> None:
@@ -99,3 +102,43 @@ def test_embedded_mode_keeps_capacity_marks_in_the_gpr_database(tmp_path: Path) 
     again = build_manager(db, provider="sim", catalog="linode", env={})  # a restarted server
     assert key in again.unavailable_offerings
     again.store.close()
+
+
+def _restart(tmp_path: Path, cloud: FakeProvider, clock: ManualClock, availability: Availability) -> GprManager:
+    """A new manager on the same GPR database and clock."""
+    return GprManager(GprStore(tmp_path / "gpr.db"), CATALOG, provider=cloud, clock=clock, availability=availability)  # type: ignore[arg-type]
+
+
+def test_a_restarted_manager_keeps_a_launchs_retry_due_time_and_attempts(tmp_path: Path) -> None:
+    """Retry due times live in the Availability record: with its SQLite store (embedded mode) a restarted manager
+    neither calls a rate-limited launch before its Retry-After nor forgets the attempts a transient error used."""
+    cloud = FakeProvider()
+    cloud.faults["launch"] = [RateLimited("429", provider="fake", retry_after=60.0)]
+    db = tmp_path / "avail.db"
+    m, clock = manager(tmp_path, cloud, availability=Availability(SqliteStore(db)))
+    g = m.create({**SPEC, "numberOfGPUNodes": 1})
+    m.reconcile()
+    assert len(cloud.launch_calls) == 1
+    rid = f"{g.gpr_id}-a0"
+    again = _restart(tmp_path, cloud, clock, Availability(SqliteStore(db)))
+    pending = again.availability.retry(rid)
+    assert pending is not None and pending.failures == 1 and pending.until == clock.now() + 60.0
+    clock.sleep(30)
+    again.reconcile()
+    assert len(cloud.launch_calls) == 1  # not due yet, after the restart too
+    clock.sleep(31)
+    assert again.reconcile().launched == [rid]
+    assert Availability(SqliteStore(db)).retry(rid) is None  # done: dropped from the store
+
+
+def test_without_a_persistent_store_a_restart_forgets_the_retry(tmp_path: Path) -> None:
+    """The failure the store prevents (and proof the test above can fail)."""
+    cloud = FakeProvider()
+    cloud.faults["launch"] = [RateLimited("429", provider="fake", retry_after=60.0)]
+    m, clock = manager(tmp_path, cloud, availability=Availability(MemoryStore()))
+    m.create({**SPEC, "numberOfGPUNodes": 1})
+    m.reconcile()
+    again = _restart(tmp_path, cloud, clock, Availability(MemoryStore()))
+    clock.sleep(30)
+    again.reconcile()
+    assert len(cloud.launch_calls) == 2  # called again before its Retry-After

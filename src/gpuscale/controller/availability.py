@@ -6,7 +6,9 @@
   node that never registered, a spot interruption, GPUs that never appeared);
 - **pool back-offs**: no launches in the pool until then, with the count of consecutive failures that set the
   delay (quota errors double it up to a maximum; a rate limit waits its ``Retry-After``);
-- **spot fallbacks**: a spot-only pool that may buy on-demand until then.
+- **spot fallbacks**: a spot-only pool that may buy on-demand until then;
+- **launch retries** (the GPR manager's): a launch request id not to be tried again until then, with its failed
+  attempts so far (per the last error's retry policy). They are not wake-up times of the node controller.
 
 Every change is written through to an :class:`AvailabilityStore`, and a new :class:`Availability` starts from what
 its store holds, so a restarted controller neither retries an offering it just found empty nor forgets a back-off.
@@ -34,6 +36,7 @@ class MarkKind(StrEnum):
     OFFERING = "offering"
     BACKOFF = "backoff"
     FALLBACK = "fallback"
+    RETRY = "retry"
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,11 +155,14 @@ class Availability:
         self._offerings: dict[OfferingKey, float] = {}
         self._backoffs: dict[str, Backoff] = {}
         self._fallbacks: dict[str, float] = {}
+        self._retries: dict[str, Backoff] = {}
         for m in self.store.load():
             if m.kind is MarkKind.OFFERING:
                 self._offerings[parse_offering_key(m.key)] = m.until
             elif m.kind is MarkKind.BACKOFF:
                 self._backoffs[m.key] = Backoff(m.until, m.failures)
+            elif m.kind is MarkKind.RETRY:
+                self._retries[m.key] = Backoff(m.until, m.failures)
             else:
                 self._fallbacks[m.key] = m.until
 
@@ -220,6 +226,22 @@ class Availability:
         """Let ``pool`` buy on-demand until ``until``."""
         self._fallbacks[pool] = until
         self.store.put(Mark(MarkKind.FALLBACK, pool, until, 0, reason))
+
+    # ------------------------------------------------------------------------------------------------ retries
+    def retry(self, request_id: str) -> Backoff | None:
+        """When the launch ``request_id`` may be tried again and its failed attempts so far (None: no retry
+        pending)."""
+        return self._retries.get(request_id)
+
+    def set_retry(self, request_id: str, until: float, attempts: int, reason: str = "") -> None:
+        """Try the launch ``request_id`` again at ``until``, after ``attempts`` failed attempts."""
+        self._retries[request_id] = Backoff(until, attempts)
+        self.store.put(Mark(MarkKind.RETRY, request_id, until, attempts, reason))
+
+    def clear_retry(self, request_id: str) -> None:
+        """The launch succeeded or was given up: no retry pending."""
+        if self._retries.pop(request_id, None) is not None:
+            self.store.drop(MarkKind.RETRY, request_id)
 
     # ------------------------------------------------------------------------------------------------ upkeep
     def expiries(self) -> list[float]:

@@ -17,7 +17,9 @@ and whose store keeps them across restarts (in memory by default).
 Other launch errors follow the error's :class:`~gpuscale.errors.RetryPolicy` (one retry layer; the provider never
 retries or sleeps): a rate limit is retried with the same request id after its ``Retry-After``, a transient error
 after the policy's delay doubled per attempt until its ``max_attempts`` are used up (then the attempt fails), a quota
-error after a doubling back-off; until then each pass skips that launch. An invalid request fails the attempt.
+error after a doubling back-off; until then each pass skips that launch. An invalid request fails the attempt. The
+due times and attempt counts are kept in the same Availability record, so with a persistent store (embedded mode) a
+restarted manager keeps them.
 
 Settings (:func:`config_from_env`): ``ENABLE_DYNAMIC_NODE`` (default true; when false GPRs are served from existing
 inventory only and no provider is created or called), ``MAX_DELAYED_COUNT``, ``MAX_NODE_COUNT`` and a few
@@ -271,8 +273,6 @@ class GprManager:
             availability = engine.availability if engine is not None else Availability()
         self.availability = availability
         """Offerings not to be bought until a time (shared with the node controller when given)."""
-        self._retry: dict[str, tuple[float, int]] = {}
-        """Launch request id -> (when to try it again, failed attempts so far), per its error's RetryPolicy."""
         self._launch_rules = LaunchRules(unavailable_ttl_s=self.config.unavailable_ttl_s)
         self._lock = threading.RLock()
         self._last_view = CapacityView()
@@ -449,7 +449,8 @@ class GprManager:
         if provider is None:
             self.store.finish(jid, f"error: {self._blocked}", now=now)
             return
-        due, _ = self._retry.get(la.request_id, (now, 0))
+        pending = self.availability.retry(la.request_id)
+        due = pending.until if pending is not None else now
         if due > now:
             self.store.finish(jid, f"deferred: retried at {due:.0f} per the last error's retry policy", now=now)
             return
@@ -490,15 +491,16 @@ class GprManager:
             self._provider_failed(exc)
             report.errors.append(f"launch {la.request_id}: {exc}")
             self.store.finish(jid, f"error: {exc}", now=now)
-            attempts = self._retry.get(la.request_id, (now, 0))[1] + 1
+            pending = self.availability.retry(la.request_id)
+            attempts = (pending.failures if pending is not None else 0) + 1
             delay = next_try_in(exc, attempts, self._launch_rules)
             if delay is not None:
-                self._retry[la.request_id] = (now + delay, attempts)
+                self.availability.set_retry(la.request_id, now + delay, attempts, type(exc).__name__)
             elif not isinstance(exc, AuthenticationError):  # the policy says this request will not succeed
-                self._retry.pop(la.request_id, None)
+                self.availability.clear_retry(la.request_id)
                 self._fail_provisioning(la.gpr_id, la.request_id, f"{exc} (gave up after {attempts} attempts)", report)
             return
-        self._retry.pop(la.request_id, None)
+        self.availability.clear_retry(la.request_id)
         report.launched.append(la.request_id)
         self.store.finish(jid, "ok", now=now)
         ids = tuple(sorted(n.node_id for n in nodes))
