@@ -40,7 +40,6 @@ logs.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -69,6 +68,7 @@ from gpuscale.errors import (
     RateLimited,
     TransientProviderError,
 )
+from gpuscale.providers._support import digest_key, pool_name
 from gpuscale.providers.alibaba_ledger import LEDGER_PREFIX, TAGS_MAX, Entry, bind, decode_ledger, encode_ledger
 from gpuscale.providers.base import (
     CloudNode,
@@ -123,27 +123,7 @@ _BUSY_STATES = ("initial", "scaling", "removing", "updating", "deleting")
 
 def label_key(value: str) -> str:
     """A request id as used in node ids: itself when short and plain, else ``h-`` + 30 hex digits of its SHA-256."""
-    return (
-        value
-        if re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", value)
-        else "h-" + hashlib.sha256(value.encode()).hexdigest()[:30]
-    )
-
-
-def pool_name(request: LaunchRequest) -> str:
-    """The ACK node pool of a request's offering (``gpuscale-`` + a hash of everything that must match)."""
-    taints = sorted(str(t) for t in request.taints)
-    raw = repr(
-        (
-            request.pool,
-            request.instance_type,
-            request.zone,
-            str(request.capacity_type),
-            sorted(request.labels.items()),
-            taints,
-        )
-    )
-    return "gpuscale-" + hashlib.sha256(raw.encode()).hexdigest()[:10]
+    return value if re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", value) else digest_key(value)
 
 
 @dataclass(frozen=True, slots=True)

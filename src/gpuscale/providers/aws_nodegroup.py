@@ -15,7 +15,6 @@ queue configured (spot node groups), ``poll_errors`` reports its events for the 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 import threading
@@ -29,6 +28,7 @@ import boto3
 from gpuscale.clock import Clock, SystemClock
 from gpuscale.core.model import CapacityType
 from gpuscale.errors import InvalidProviderRequest, NotFound, QuotaExceeded
+from gpuscale.providers._support import digest_key
 from gpuscale.providers.aws import ALIVE_STATES, INSTANCE_STATES, AwsConfig
 from gpuscale.providers.aws_errors import PROVIDER_NAME, AwsClients
 from gpuscale.providers.aws_queue import InterruptionQueue
@@ -47,7 +47,7 @@ def tag_key(request_id: str) -> str:
     """A request id as a label name: itself when a valid one of at most 36 characters, else a digest."""
     if len(request_id) <= 36 and _KEY.match(request_id):
         return request_id
-    return "h-" + hashlib.sha256(request_id.encode()).hexdigest()[:30]
+    return digest_key(request_id)
 
 
 @dataclass(frozen=True, slots=True)

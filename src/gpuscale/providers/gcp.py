@@ -62,6 +62,7 @@ from gpuscale.errors import (
     QuotaExceeded,
     TransientProviderError,
 )
+from gpuscale.providers._support import pool_name
 from gpuscale.providers.base import (
     CloudNode,
     CloudNodeState,
@@ -85,7 +86,6 @@ from gpuscale.providers.gcp_support import (
     label_key,
     machine_spec,
     op_error,
-    pool_name,
     scrub,
 )
 

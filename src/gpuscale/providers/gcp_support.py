@@ -4,7 +4,6 @@ accelerators, label-safe keys, the node pool of an offering, the API methods use
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from gpuscale.errors import (
     RateLimited,
     TransientProviderError,
 )
-from gpuscale.providers.base import LaunchRequest
+from gpuscale.providers._support import digest_key
 
 T = TypeVar("T")
 
@@ -101,24 +100,7 @@ def machine_spec(instance_type: str) -> MachineSpec | None:
 def label_key(value: str) -> str:
     """A request id or pool name as a GCE label value: itself when it is one (lower-case, at most 40 characters),
     else ``h-`` + 30 hex digits of its SHA-256."""
-    return value if _LABEL_VALUE.match(value) else "h-" + hashlib.sha256(value.encode()).hexdigest()[:30]
-
-
-def pool_name(request: LaunchRequest) -> str:
-    """The GKE node pool of a request's offering: ``gpuscale-`` + a hash of pool, type, zone, capacity, labels and
-    taints (requests that differ in any of them never share a pool)."""
-    taints = sorted(str(t) for t in request.taints)
-    raw = repr(
-        (
-            request.pool,
-            request.instance_type,
-            request.zone,
-            str(request.capacity_type),
-            sorted(request.labels.items()),
-            taints,
-        )
-    )
-    return "gpuscale-" + hashlib.sha256(raw.encode()).hexdigest()[:10]
+    return value if _LABEL_VALUE.match(value) else digest_key(value)
 
 
 def scrub(text: str) -> str:

@@ -47,7 +47,6 @@ token is read from ``LINODE_TOKEN`` and never appears in logs, exceptions or rep
 from __future__ import annotations
 
 import email.utils
-import hashlib
 import logging
 import os
 import re
@@ -76,6 +75,7 @@ from gpuscale.errors import (
     RateLimited,
     TransientProviderError,
 )
+from gpuscale.providers._support import digest_key
 from gpuscale.providers.base import (
     CloudNode,
     CloudNodeState,
@@ -126,7 +126,7 @@ def tag_key(value: str) -> str:
     """The form of a request id or pool name used in tags and ledger labels (see the module docstring)."""
     if len(value) <= _KEY_MAX and _NAME_RE.match(value):
         return value
-    return "h-" + hashlib.sha256(value.encode()).hexdigest()[:30]
+    return digest_key(value)
 
 
 @dataclass(frozen=True, slots=True)
