@@ -109,6 +109,11 @@ class SimCluster:
         self._sig_pod: dict[tuple[object, ...], Pod] = {}
         self._cap_gen = 0
         self._passed_gen = -1
+        self._failed: set[tuple[object, ...]] = set()
+        """(request, signature) pairs that fitted no row at the end of the last scheduling pass."""
+        self._grown: set[int] = set()
+        """Rows whose room or label/taint mask may have grown since the last pass (the only rows where a pair in
+        ``_failed`` can fit now: binds only take room)."""
         self._sched_timer: Timer | None = None
         self._seq = 0
         self._gpu_s_closed = 0.0
@@ -210,6 +215,7 @@ class SimCluster:
 
     def _node_changed(self, sn: SimNode, *, more_room: bool) -> None:
         sn.cache = None
+        self._grown.add(sn.slot)
         for sig, mask in self._masks.items():
             mask[sn.slot] = self._static_ok(sig, sn)
         self.version += 1
@@ -355,6 +361,8 @@ class SimCluster:
             return 0
         todo.sort(key=lambda sp: (-sp.pod.priority, sp.pending_since, sp.seq))
         failed: set[tuple[object, ...]] = set()
+        known, grown = self._failed, sorted(self._grown)
+        self._failed, self._grown = failed, set()
         gangs_seen: set[str] = set()
         bound = 0
         for sp in todo:
@@ -368,6 +376,9 @@ class SimCluster:
             fkey = (sp.pod.request, sp.sig)
             if fkey in failed:
                 continue
+            if fkey in known and not self._fits_any(sp, grown):
+                failed.add(fkey)  # no row fitted it after the last pass and none of those that grew since does
+                continue
             slot = self._choose(sp)
             if slot is None:
                 failed.add(fkey)
@@ -375,6 +386,13 @@ class SimCluster:
             self._bind(sp, slot)
             bound += 1
         return bound
+
+    def _fits_any(self, sp: SimPod, rows: list[int]) -> bool:
+        """True if ``sp`` fits one of ``rows`` now (rows are few: a scalar check each)."""
+        if not rows:
+            return False
+        mask, st, req = self._mask(sp.sig, sp.pod), self._state, sp.pod.request
+        return any(mask[i] and st.fits_one(req, i) for i in rows)
 
     def _choose(self, sp: SimPod) -> int | None:
         req = sp.pod.request
@@ -430,6 +448,7 @@ class SimCluster:
         now = self.engine.now()
         req = sp.pod.request
         self._state.release(req, sp.placement)
+        self._grown.add(sn.slot)
         sn.pods.discard(sp.pod.key)
         sn.gpu_busy -= demand(req) * sp.gpu_util
         if not sn.pods:

@@ -1,0 +1,127 @@
+"""The simulated scheduler's memo of pod shapes that fit nowhere gives the same bindings as trying every pod."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from builders import FIXED_CLOUD, OD, catalog, itype, pod, taint, tol
+from gpuscale.core.model import NodePool, Pod
+from gpuscale.providers.base import LaunchRequest
+from gpuscale.sim.cloud import SimCloud
+from gpuscale.sim.cluster import SimCluster
+from gpuscale.sim.engine import Engine
+
+CAT = catalog(
+    itype("cpu-4", 4, 16, price=0.2),
+    itype("t4-1", 8, 32, 1, "T4", price=0.6),
+    itype("t4-2", 16, 64, 2, "T4", price=1.2),
+    itype("a100-1", 12, 85, 1, "A100", price=3.0),
+)
+POOLS = (NodePool("gpu", taints=(taint("nvidia.com/gpu"),)), NodePool("cpu"))
+TYPES = (("t4-1", "gpu"), ("t4-2", "gpu"), ("a100-1", "gpu"), ("cpu-4", "cpu"))
+GPU_TOL = (tol("nvidia.com/gpu", "Exists"),)
+SHAPES = (  # (cpu milli, memory MiB, whole GPUs, milli-GPU, tolerates the GPU taint)
+    (1000, 1024, 1, 0, True),
+    (2000, 4096, 2, 0, True),
+    (500, 512, 0, 300, True),
+    (500, 512, 0, 700, True),
+    (3000, 8192, 0, 0, False),
+    (1000, 1024, 1, 0, False),  # a GPU pod without the toleration: fits no node
+)
+
+
+class World:
+    def __init__(self, memo: bool) -> None:
+        self.eng = Engine()
+        self.cluster = SimCluster(self.eng, CAT, POOLS, seed=1)
+        self.cloud = SimCloud(self.eng, CAT, FIXED_CLOUD, listener=self.cluster)
+        self.choose_calls = 0
+        if not memo:  # every known shape looks as if it might fit: each pending pod is tried in full
+            self.cluster._fits_any = lambda sp, rows: True  # type: ignore[method-assign]
+        choose = self.cluster._choose
+
+        def counted(sp: object) -> int | None:
+            self.choose_calls += 1
+            return choose(sp)  # type: ignore[arg-type]
+
+        self.cluster._choose = counted  # type: ignore[method-assign]
+        self.n = 0
+
+    def apply(self, op: tuple[str, int, int]) -> None:
+        kind, a, b = op
+        c = self.cluster
+        names = sorted(n.name for n in c.list_nodes())
+        pods = sorted(p.key for p in c.list_pods())
+        if kind == "add":
+            cpu, mem, gpus, milli, tolerates = SHAPES[a % len(SHAPES)]
+            self.n += 1
+            p = pod(f"p{self.n}", cpu=cpu, mem=mem, gpus=gpus, milli=milli, tolerations=GPU_TOL if tolerates else ())
+            c.add_pod(p, 60.0 * (1 + b))
+        elif kind == "launch":
+            it, pool = TYPES[a % len(TYPES)]
+            self.n += 1
+            self.cloud.launch(LaunchRequest(f"r{self.n}", pool, it, "z1", OD, 1 + b % 2))
+        elif kind == "run":
+            self.eng.run_until(self.eng.now() + 10.0 * (1 + b))
+        elif names and kind == "delete":
+            c.delete_node(names[a % len(names)])
+        elif names and kind == "cordon":
+            c.cordon(names[a % len(names)])
+        elif names and kind == "uncordon":
+            c.uncordon(names[a % len(names)])
+        elif pods and kind == "evict":
+            c.evict(pods[a % len(pods)])
+
+    def seen(self) -> tuple[object, ...]:
+        return tuple((p.key, p.node_name, p.phase) for p in self.cluster.list_pods())
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "add", "add", "launch", "run", "run", "delete", "cordon", "uncordon", "evict"]),
+        st.integers(0, 20),
+        st.integers(0, 20),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(OPS)
+def test_bindings_are_the_same_with_and_without_the_memo(ops: list[tuple[str, int, int]]) -> None:
+    with_memo, without = World(memo=True), World(memo=False)
+    for op in ops:
+        with_memo.apply(op)
+        without.apply(op)
+        assert with_memo.seen() == without.seen(), op
+    with_memo.eng.run_until(with_memo.eng.now() + 3600.0)
+    without.eng.run_until(without.eng.now() + 3600.0)
+    assert with_memo.seen() == without.seen()
+    assert with_memo.cluster.counters == without.cluster.counters
+    assert with_memo.cluster.pending_samples == without.cluster.pending_samples
+    assert with_memo.choose_calls <= without.choose_calls
+
+
+def _gpu(name: str) -> Pod:
+    return pod(name, cpu=1000, mem=1024, gpus=1, tolerations=GPU_TOL)
+
+
+def test_a_shape_that_fit_nowhere_is_not_tried_again_until_a_node_gains_room() -> None:
+    w = World(memo=True)
+    w.apply(("launch", 0, 0))  # one t4-1
+    w.eng.run_until(w.eng.now() + 600.0)
+    for i in range(3):
+        w.cluster.add_pod(_gpu(f"g{i}"), 1000.0)
+    w.eng.run_until(w.eng.now())
+    assert [p.node_name is not None for p in w.cluster.list_pods()] == [True, False, False]
+    calls = w.choose_calls
+    w.apply(("launch", 3, 0))  # a CPU node registers: it grows, but no GPU pod fits it
+    w.eng.run_until(w.eng.now() + 600.0)
+    w.cluster.add_pod(_gpu("late"), 1000.0)
+    w.eng.run_until(w.eng.now())
+    assert w.choose_calls == calls  # every pending GPU pod was known not to fit and only the CPU node grew
+    w.eng.run_until(w.eng.now() + 1000.0)  # g0 completes: its node gains room, g1 takes it
+    bound = {p.name for p in w.cluster.list_pods() if p.node_name is not None}
+    assert bound == {"g1"}
+    assert w.choose_calls > calls
