@@ -29,7 +29,8 @@ def test_simulate_json_reports_gprs_beside_pods() -> None:
     assert r["gprSharedEngine"] is True
     assert r["duplicateLaunches"] == 0
     assert r["gprNodesDisrupted"] == 0
-    assert r["podsCompleted"] == r["podsArrived"] == 40  # pods served
+    assert r["podsCompleted"] == r["podsArrived"] == 40 + 2  # pods served: the bursts and train-a's workload
+    assert r["podsOnGprNodesOutsideGpr"] == 0
     assert len(r["gprs"]) == 5
     for g in r["gprs"]:  # every GPR provisioned, or not with its reason stated
         assert g["waitS"] is not None or g["reason"], g
@@ -53,6 +54,21 @@ def test_without_the_engines_protection_gpr_nodes_would_be_disrupted(monkeypatch
     monkeypatch.setattr(GprNodes, "keys", lambda self, claims: frozenset())
     r = simulate_policy(load_scenario(SCENARIO), "gpuscale").report
     assert r["gprNodesDisrupted"] > 0
+
+
+def test_pods_on_a_held_gpr_node_that_are_not_its_workload_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The figure can fail: when the side forgets which pods are a GPR's workload, they count as outsiders."""
+    from gpuscale.sim.gpr.mixed import GprSide
+
+    start = GprSide._start_workload
+
+    def forgetful(self: GprSide, gid: str, spec: object) -> None:
+        start(self, gid, spec)  # type: ignore[arg-type]
+        self._workload[gid] = ()
+
+    monkeypatch.setattr(GprSide, "_start_workload", forgetful)
+    r = simulate_policy(load_scenario(SCENARIO), "gpuscale").report
+    assert r["podsOnGprNodesOutsideGpr"] == 2
 
 
 def test_a_bad_gpr_entry_is_one_line_naming_the_field(tmp_path: Path) -> None:

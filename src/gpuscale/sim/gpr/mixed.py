@@ -5,6 +5,7 @@ The section lists GPU Provisioning Requests submitted at given times::
     gprs:
       - at: 20m                     # submitted 20 minutes in
         releaseAfter: 1h            # optional: early release this long after it is provisioned
+        workload: false             # optional: no workload pods (the reservation stays idle); default true
         repeat: 3                   # optional: this many requests, ``every`` apart (default 1)
         every: 30m
         spec: {requestName: train, gpuShape: RTX4000-Ada, numberOfGPUs: 1, numberOfGPUNodes: 2, exitDuration: 8h}
@@ -12,12 +13,18 @@ The section lists GPU Provisioning Requests submitted at given times::
 :class:`GprSide` runs a :class:`~gpuscale.gpr.manager.GprManager` (SQLite in a temporary directory) on the
 simulated cloud. When the node controller can take GPR demand (:meth:`launch_gpr_nodes`, the gpuscale controller)
 the manager's engine is that controller: one claim table, availability record and node lifecycle for both. A
-controller that cannot (a baseline) runs beside a manager that launches by itself, and leaves its nodes alone.
+controller without that method runs beside a manager that launches by itself, and leaves its nodes alone.
+
+Once a GPR is provisioned its workload (unless ``workload: false``) arrives: one pod per node, asking for the GPR's
+GPUs per node, labelled to match its ``workloadSelector``, tolerating its taint and selecting its nodes; the pods
+leave when the GPR is released or expires (before its nodes are drained).
 
 Figures added to the report: ``gprs`` (per request: id, name, state, wait to provisioned, the reason it is not
 provisioned), ``gprsProvisioned``, ``gprsNotProvisioned``, ``gprWaitP50s`` / ``gprWaitMaxS`` (submitted to
-provisioned, over those provisioned), and ``gprNodesDisrupted``: distinct nodes of a GPR that holds them which the
-node controller consolidated, drained, deleted or evicted pods from (0 is the target).
+provisioned, over those provisioned), ``gprNodesDisrupted``: distinct nodes of a GPR that holds them which the
+node controller consolidated, drained, deleted or evicted pods from, and ``podsOnGprNodesOutsideGpr``: pods seen
+bound to a held GPR node that are not that GPR's workload (0 is the target of both). ``podsArrived`` and the other
+pod figures include the GPR workloads' pods.
 """
 
 from __future__ import annotations
@@ -28,16 +35,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpuscale.core.gpr import GprState, GprValidationError, gpr_id_of_request, is_gpr_request_id, parse_gpr_spec
+from gpuscale.core.gpr import (
+    GPR_LABEL,
+    GprState,
+    GprValidationError,
+    gpr_id_of_request,
+    gpr_toleration,
+    is_gpr_request_id,
+    parse_gpr_spec,
+)
 from gpuscale.core.gpr.spec import GprSpec
-from gpuscale.core.model import Catalog
+from gpuscale.core.model import Catalog, Pod
+from gpuscale.core.resources import Request
 from gpuscale.gpr.manager import GprManager, NodeEngine
 from gpuscale.gpr.store import GprStore
 from gpuscale.sim.cloud import SimCloud
 from gpuscale.sim.cluster import SimCluster
 from gpuscale.sim.engine import Engine
 
-ENTRY_FIELDS = ("at", "releaseAfter", "repeat", "every", "spec")
+ENTRY_FIELDS = ("at", "releaseAfter", "repeat", "every", "workload", "spec")
 DISRUPTIVE = frozenset({"Consolidate", "Drain", "NodeDelete", "Evict"})
 """Event kinds by which the node controller takes a node (or its pods) away."""
 _HOLDING = (GprState.PROVISIONING, GprState.PROVISIONED)
@@ -50,6 +66,7 @@ class _Validator(Protocol):  # the scenario loader's validator (gpuscale.sim.sce
     def listing(self, value: object, path: str) -> list[Any]: ...
     def integer(self, value: object, path: str, *, minimum: int = 0, maximum: int = ...) -> int: ...
     def duration(self, value: object, path: str) -> float: ...
+    def boolean(self, value: object, path: str) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +76,7 @@ class GprArrival:
     at: float
     spec: GprSpec
     release_after_s: float | None = None
+    workload: bool = True
 
 
 def parse_gprs(v: _Validator, raw: object, catalog: Catalog) -> tuple[GprArrival, ...]:
@@ -80,7 +98,8 @@ def parse_gprs(v: _Validator, raw: object, catalog: Catalog) -> tuple[GprArrival
         every = v.duration(e.get("every", 0), f"{path}.every")
         if repeat > 1 and every <= 0:
             raise v.fail(f"{path}.every", "must be positive when repeat > 1", e.get("every"))
-        out += [GprArrival(at + k * every, spec, release) for k in range(repeat)]
+        work = v.boolean(e.get("workload", True), f"{path}.workload")
+        out += [GprArrival(at + k * every, spec, release, work) for k in range(repeat)]
         if len(out) > MAX_GPRS:
             raise v.fail("gprs", f"at most {MAX_GPRS:,} GPRs", len(out))
     out.sort(key=lambda a: a.at)
@@ -112,7 +131,12 @@ class GprSide:
         self._provisioned_at: dict[str, float] = {}
         self._disrupted: set[str] = set()
         self._events_seen = len(cluster.events)
-        self._held: frozenset[str] = frozenset()
+        self._held: dict[str, str] = {}
+        """Node name -> GPR id of the nodes held by a GPR, as of the last pass."""
+        self._workload: dict[str, tuple[str, ...]] = {}
+        """GPR id -> its workload's pod keys (while they run)."""
+        self._started: set[str] = set()
+        self._intruders: set[str] = set()
         self._kick = False
         for n, a in enumerate(arrivals):
             engine.at(a.at, self._submit, (n, a))
@@ -131,6 +155,8 @@ class GprSide:
         n, a = item
         g = self.manager.submit(a.spec, gpr_id=f"gpr-sim{n:05d}")
         self._submitted[g.gpr_id] = (self.engine.now(), a.spec.request_name)
+        if not a.workload:
+            self._started.add(g.gpr_id)  # held idle: no workload pods
         self._kick = True
         if a.release_after_s is not None:
             self._release_after[g.gpr_id] = a.release_after_s
@@ -157,9 +183,17 @@ class GprSide:
                 if self.manager.get(gid).state in _HOLDING:
                     self.manager.release(gid)
         self.manager.reconcile()
-        for g in self.manager.list_gprs((GprState.PROVISIONED,)):
-            self._provisioned_at.setdefault(g.gpr_id, now)
-        self._held = self._held_nodes()
+        holding = {g.gpr_id: g for g in self.manager.list_gprs(_HOLDING)}
+        for gid, g in holding.items():
+            if g.state is GprState.PROVISIONED:
+                self._provisioned_at.setdefault(gid, now)
+                if gid not in self._started:
+                    self._start_workload(gid, g.spec)
+        for gid in [gid for gid in self._workload if gid not in holding]:  # released or expired: its work leaves
+            for key in self._workload.pop(gid):
+                self.cluster.remove_pod(key)
+        self._held = self._held_nodes(set(holding))
+        self._check_intruders()
         self._events_seen = len(self.cluster.events)
 
     def after_controller(self) -> None:
@@ -169,16 +203,38 @@ class GprSide:
         for e in new:
             if e.kind in DISRUPTIVE and e.object.removeprefix("node/") in self._held:
                 self._disrupted.add(e.object.removeprefix("node/"))
+        self._check_intruders()
 
-    def _held_nodes(self) -> frozenset[str]:
-        holding = {g.gpr_id for g in self.manager.list_gprs(_HOLDING)}
+    def _start_workload(self, gid: str, spec: GprSpec) -> None:
+        self._started.add(gid)
+        keys: list[str] = []
+        for i in range(spec.number_of_gpu_nodes):
+            pod = Pod(
+                f"{gid}-w{i}",
+                request=Request(cpu_milli=1000, memory_mib=1024, gpus=spec.number_of_gpus),
+                node_selector={GPR_LABEL: gid},
+                tolerations=(gpr_toleration(gid),),
+                labels=dict(spec.workload_selector),
+            )
+            self.cluster.add_pod(pod, 10 * 365 * 86400.0)  # runs until the GPR ends
+            keys.append(pod.key)
+        self._workload[gid] = tuple(keys)
+
+    def _check_intruders(self) -> None:
+        for name, gid in self._held.items():
+            own = self._workload.get(gid, ())
+            self._intruders.update(k for k in self.cluster.pods_on(name) if k not in own)
+
+    def _held_nodes(self, holding: set[str]) -> dict[str, str]:
         if not holding:
-            return frozenset()
-        return frozenset(
-            n.node_name
-            for n in self.cloud.alive()
-            if n.node_name and is_gpr_request_id(n.request_id) and gpr_id_of_request(n.request_id) in holding
-        )
+            return {}
+        out: dict[str, str] = {}
+        for n in self.cloud.alive():
+            if n.node_name and is_gpr_request_id(n.request_id):
+                gid = gpr_id_of_request(n.request_id)
+                if gid in holding:
+                    out[n.node_name] = gid
+        return out
 
     def report(self) -> dict[str, Any]:
         """The GPR figures (see the module docstring)."""
@@ -204,6 +260,7 @@ class GprSide:
             "gprWaitP50s": waits[len(waits) // 2] if waits else None,
             "gprWaitMaxS": waits[-1] if waits else None,
             "gprNodesDisrupted": len(self._disrupted),
+            "podsOnGprNodesOutsideGpr": len(self._intruders),
             "gprSharedEngine": self.shared,
         }
 
@@ -213,5 +270,12 @@ _ACTIVE = (GprState.QUEUED, GprState.PROVISIONING, GprState.PROVISIONED)
 
 def gpr_report_keys(report: Mapping[str, Any]) -> dict[str, Any]:
     """The GPR figures of a report (empty for a scenario without GPRs), for ``compare`` rows."""
-    keys = ("gprsProvisioned", "gprsNotProvisioned", "gprWaitP50s", "gprWaitMaxS", "gprNodesDisrupted")
+    keys = (
+        "gprsProvisioned",
+        "gprsNotProvisioned",
+        "gprWaitP50s",
+        "gprWaitMaxS",
+        "gprNodesDisrupted",
+        "podsOnGprNodesOutsideGpr",
+    )
     return {k: report[k] for k in keys if k in report}
