@@ -7,7 +7,7 @@ kwok node once one with its GPU allocatable appears). Reports:
 
 * time from a pod's creation to the launch made for it: the API server's creation of the kwok Node launched for
   the pod (the Node names its pods in ``gpuscale.io/launched-for``), both timed by the emulator's clock; p50 and p99
-  over every burst pod; this includes the controller's batching window (``batchIdle`` 1 s by default);
+  over every burst pod; this includes the controller's batch window (``--batch-idle``, 0.5 s by default);
 * reconcile time per round, from the process's own ``gpuscale_reconcile_seconds`` histogram (``/metrics``);
 * the controller process's peak RSS (``VmHWM``).
 

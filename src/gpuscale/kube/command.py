@@ -48,6 +48,11 @@ __all__ = ["ControllerProcess", "check_access", "controller_command"]
 
 log = logging.getLogger(__name__)
 
+BATCH_IDLE_S = 0.5
+"""The live controller's batch window: a round starts as soon as the watch shows a new Unschedulable pod, and plans
+once no new one arrived for this long (Karpenter's batchIdleDuration is 1 s; a short window keeps a burst in one plan
+while the launch follows the burst closely)."""
+
 KWOK_ONLY = frozenset({("create", "nodes"), ("patch", "nodes/status")})
 """Pairs only the kwok provider needs."""
 
@@ -350,6 +355,12 @@ class ControllerProcess:
     "--pools", "pools_file", type=click.Path(dir_okay=False), help="GPUNodePool YAML instead of the cluster's objects."
 )
 @click.option("--interval", default=1.0, show_default=True, help="Reconcile at least every this many seconds.")
+@click.option(
+    "--batch-idle",
+    default=BATCH_IDLE_S,
+    show_default=True,
+    help="Plan a scale-up this many seconds after the last new pending pod (the batch window).",
+)
 @click.option("--device-plugin-delay", default=0.0, show_default=True, help="kwok: seconds before a node's GPUs show.")
 @click.option(
     "--metrics-port", default=8080, show_default=True, help="Port of /metrics (wired by the deployment work)."
@@ -375,6 +386,7 @@ def controller_command(
     namespace: str,
     pools_file: str | None,
     interval: float,
+    batch_idle: float,
     device_plugin_delay: float,
     metrics_port: int,
     health_port: int,
@@ -404,6 +416,7 @@ def controller_command(
         provider,
         pools=pools,
         interval_s=interval,
+        config=ControllerConfig(batch_idle_s=batch_idle),
         kwok=KwokConfig(device_plugin_delay_s=device_plugin_delay),
         scalers_enabled=scalers,
     )
