@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 
 from gpuscale.providers.base import LaunchRequest
 
@@ -10,6 +11,14 @@ from gpuscale.providers.base import LaunchRequest
 def digest_key(value: str) -> str:
     """``h-`` + 30 hex digits of the SHA-256 of ``value``: the form of a key a cloud would not take as it is."""
     return "h-" + hashlib.sha256(value.encode()).hexdigest()[:30]
+
+
+def scrub_secrets(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every non-empty secret replaced by ``***``."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
 
 
 def pool_name(request: LaunchRequest) -> str:

@@ -68,7 +68,7 @@ from gpuscale.errors import (
     RateLimited,
     TransientProviderError,
 )
-from gpuscale.providers._support import digest_key, pool_name
+from gpuscale.providers._support import digest_key, pool_name, scrub_secrets
 from gpuscale.providers.alibaba_ledger import LEDGER_PREFIX, TAGS_MAX, Entry, bind, decode_ledger, encode_ledger
 from gpuscale.providers.base import (
     CloudNode,
@@ -684,7 +684,7 @@ class AlibabaProvider:
 
     # --- errors ----------------------------------------------------------------------------------------------------
     def _scrub(self, text: str) -> str:
-        return text.replace(self._secret, "***") if self._secret else text
+        return scrub_secrets(text, (self._secret,))
 
     def _task_error(self, info: cs.DescribeTaskInfoResponseBody, what: str) -> ProviderError:
         code = (info.error.code if info.error else "") or ""

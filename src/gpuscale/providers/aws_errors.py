@@ -4,7 +4,8 @@ One place maps both kinds of AWS failure: an HTTP error response (``botocore.exc
 and an error item of an ``instant`` fleet (``CreateFleet`` answers 200 with ``Errors[].ErrorCode`` per launch
 template override it could not fill). botocore's own retries are off (``total_max_attempts=1``): gpuscale has one retry
 layer, driven by each error's :class:`~gpuscale.errors.RetryPolicy`. Messages carry the AWS code and message only,
-never a request's headers (which name the access key), and :func:`scrub` removes any credential that still shows up.
+never a request's headers (which name the access key), and :func:`scrub_secrets` removes any credential that still
+shows up.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from gpuscale.errors import (
     RateLimited,
     TransientProviderError,
 )
+from gpuscale.providers._support import scrub_secrets
 
 PROVIDER_NAME = "aws"
 T = TypeVar("T")
@@ -106,14 +108,6 @@ class OfferingUpdate:
     message: str
 
 
-def scrub(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every non-empty secret replaced by ``***``."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text
-
-
 def map_code(
     code: str,
     message: str,
@@ -161,7 +155,7 @@ def map_exception(exc: Exception, what: str, secrets: Iterable[str]) -> Provider
         error = exc.response.get("Error", {})
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         code = str(error.get("Code") or "Unknown")
-        message = scrub(str(error.get("Message") or ""), secrets)[:300]
+        message = scrub_secrets(str(error.get("Message") or ""), secrets)[:300]
         return map_code(code, message, what=what, status=status)
     if isinstance(exc, NoCredentialsError | PartialCredentialsError):
         return AuthenticationError(
@@ -174,7 +168,7 @@ def map_exception(exc: Exception, what: str, secrets: Iterable[str]) -> Provider
     if isinstance(exc, EndpointConnectionError | ConnectionError):
         return TransientProviderError(f"aws {what}: connection failed ({type(exc).__name__})", provider=PROVIDER_NAME)
     if isinstance(exc, BotoCoreError):
-        return ProviderError(f"aws {what}: {scrub(str(exc), secrets)[:300]}", provider=PROVIDER_NAME)
+        return ProviderError(f"aws {what}: {scrub_secrets(str(exc), secrets)[:300]}", provider=PROVIDER_NAME)
     return None
 
 
@@ -240,5 +234,5 @@ class AwsClients:
             if err is None:
                 raise
             leaked = any(s in str(exc) for s in secrets)
-            cause: BaseException = ProviderError(scrub(str(exc), secrets)[:300]) if leaked else exc
+            cause: BaseException = ProviderError(scrub_secrets(str(exc), secrets)[:300]) if leaked else exc
         raise err from cause

@@ -75,7 +75,7 @@ from gpuscale.errors import (
     RateLimited,
     TransientProviderError,
 )
-from gpuscale.providers._support import digest_key
+from gpuscale.providers._support import digest_key, scrub_secrets
 from gpuscale.providers.base import (
     CloudNode,
     CloudNodeState,
@@ -686,8 +686,7 @@ class LinodeProvider:
         raise err from self._scrubbed_cause(cause)
 
     def _scrub(self, text: str) -> str:
-        token = str(self._client.token or "")
-        return text.replace(token, "***") if token else text
+        return scrub_secrets(text, (str(self._client.token or ""),))
 
     def _leaks(self, exc: BaseException) -> bool:
         """Whether the token appears in ``exc``, its arguments or anything in its cause/context chain."""
