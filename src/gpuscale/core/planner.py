@@ -314,8 +314,8 @@ class Planner:
 
     # -- setup
     def _initial_context(self) -> Context:
-        shapes = [NodeShape(n.name, n.allocatable, n.gpu_model) for n in self.nodes]
-        state = ClusterState(shapes)
+        nodes = self.nodes
+        state = ClusterState.of([n.name for n in nodes], [n.allocatable for n in nodes], [n.gpu_model for n in nodes])
         pool_nodes, pool_usage = pool_totals(self.nodes, self.snapshot.catalog)
         bound: list[list[Request]] = [[] for _ in self.nodes]
         for pod in sorted(self.snapshot.pods, key=lambda p: p.key):

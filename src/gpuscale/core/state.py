@@ -46,13 +46,26 @@ class ClusterState:
     """
 
     def __init__(self, shapes: Sequence[NodeShape], max_gpus: int | None = None) -> None:
-        caps = [s.capacity for s in shapes]
+        self._build([s.name for s in shapes], [s.capacity for s in shapes], [s.gpu_model for s in shapes], max_gpus)
+
+    @classmethod
+    def of(
+        cls, names: list[str], caps: Sequence[Resources], models: Sequence[str | None], max_gpus: int | None = None
+    ) -> ClusterState:
+        """The same state as ``ClusterState(shapes)`` from the shapes' columns (no :class:`NodeShape` per row)."""
+        new = object.__new__(cls)
+        new._build(names, caps, models, max_gpus)
+        return new
+
+    def _build(
+        self, names: list[str], caps: Sequence[Resources], row_models: Sequence[str | None], max_gpus: int | None
+    ) -> None:
         gpus = [c.gpus for c in caps]
         g = max([*gpus, max_gpus or 0, 1])
-        self.names: list[str] = [s.name for s in shapes]
-        self.models: list[str | None] = sorted({s.gpu_model for s in shapes}, key=lambda m: (m is None, m or ""))
+        self.names: list[str] = names
+        self.models: list[str | None] = sorted(set(row_models), key=lambda m: (m is None, m or ""))
         model_index = {m: i for i, m in enumerate(self.models)}
-        self.model_idx: IntArray = np.array([model_index[s.gpu_model] for s in shapes], dtype=np.int64)
+        self.model_idx: IntArray = np.array([model_index[m] for m in row_models], dtype=np.int64)
         self.cpu_cap: IntArray = np.array([c.cpu_milli for c in caps], dtype=np.int64)
         self.mem_cap: IntArray = np.array([c.memory_mib for c in caps], dtype=np.int64)
         self.gpu_cap: IntArray = np.array(gpus, dtype=np.int64)

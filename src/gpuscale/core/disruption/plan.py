@@ -37,7 +37,7 @@ from gpuscale.core.model import (
 )
 from gpuscale.core.predicates import static_fit
 from gpuscale.core.resources import MILLI_PER_GPU, Request
-from gpuscale.core.state import ClusterState, NodeShape, fits_room, gpu_room
+from gpuscale.core.state import ClusterState, fits_room, gpu_room
 
 
 @dataclass(slots=True)
@@ -185,7 +185,7 @@ def plan_disruption(
         if not lazy:
             rows = [r.node for r in may_receive()]
             row.update((n.name, i) for i, n in enumerate(rows))
-            state = ClusterState([NodeShape(n.name, n.allocatable, n.gpu_model) for n in rows])
+            state = ClusterState.of([n.name for n in rows], [n.allocatable for n in rows], [n.gpu_model for n in rows])
             state.occupy_all([[p.request for p in by_node.get(n.name, ())] for n in rows])
             usable = np.ones(len(rows), dtype=bool)
             usable[[row[name] for name in removed if name in row]] = False
