@@ -112,6 +112,21 @@ def fields_of(doc: Doc, value: object, path: str, allowed: Collection[str]) -> d
     return m
 
 
+def metadata_and_spec(
+    doc: Doc, obj: Mapping[str, Any], allowed: Collection[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A document's top-level keys checked against ``allowed``, then its ``metadata`` and ``spec`` mappings (each
+    empty, reported, when not a mapping)."""
+    check_fields(doc, obj, "", allowed)
+    meta: dict[str, Any] = {}
+    spec: dict[str, Any] = {}
+    with doc.field():
+        meta = as_mapping(obj.get("metadata"), "metadata")
+    with doc.field():
+        spec = as_mapping(obj.get("spec"), "spec")
+    return meta, spec
+
+
 def choice(value: object, path: str, options: Collection[str]) -> str:
     """A string that must be one of ``options``."""
     text = as_str(value, path, required=True)

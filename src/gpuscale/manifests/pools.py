@@ -33,6 +33,7 @@ from gpuscale.manifests.fields import (
     check_fields,
     choice,
     fields_of,
+    metadata_and_spec,
     requirement,
     str_list,
     str_map,
@@ -83,13 +84,7 @@ def read_pool(
 
     ``types`` is the catalog by name (instance type names are checked against it); ``zones`` the catalog's zones.
     """
-    check_fields(doc, obj, "", TOP_FIELDS)
-    meta: dict[str, Any] = {}
-    spec: dict[str, Any] = {}
-    with doc.field():
-        meta = as_mapping(obj.get("metadata"), "metadata")
-    with doc.field():
-        spec = as_mapping(obj.get("spec"), "spec")
+    meta, spec = metadata_and_spec(doc, obj, TOP_FIELDS)
     name = ""
     with doc.field():
         name = as_str(meta.get("name"), "metadata.name", required=True)

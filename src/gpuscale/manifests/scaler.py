@@ -46,7 +46,16 @@ from gpuscale.core.cron import CronSchedule, parse_cron
 from gpuscale.errors import InputError
 from gpuscale.inputs import GuardedLoader, compose_documents, construct, paused_gc, read_text, yaml_error
 from gpuscale.manifests import _locator
-from gpuscale.manifests.fields import as_int, as_list, as_mapping, as_str, check_fields, choice, fields_of
+from gpuscale.manifests.fields import (
+    as_int,
+    as_list,
+    as_mapping,
+    as_str,
+    check_fields,
+    choice,
+    fields_of,
+    metadata_and_spec,
+)
 from gpuscale.manifests.problems import Doc, FieldError, ManifestError, did_you_mean
 from gpuscale.manifests.rightsizing import read_rightsizing
 
@@ -241,13 +250,7 @@ def _bool_text(value: object, path: str) -> bool:
 def read_scaler(doc: Doc, obj: dict[str, Any]) -> ScalerManifest | None:
     """A GPUWorkloadScaler or a ScaledObject; None if it has problems (reported to ``doc``)."""
     kind = str(obj.get("kind"))
-    check_fields(doc, obj, "", TOP_FIELDS)
-    meta: dict[str, Any] = {}
-    spec: dict[str, Any] = {}
-    with doc.field():
-        meta = as_mapping(obj.get("metadata"), "metadata")
-    with doc.field():
-        spec = as_mapping(obj.get("spec"), "spec")
+    meta, spec = metadata_and_spec(doc, obj, TOP_FIELDS)
     name = namespace = ""
     with doc.field():
         name = as_str(meta.get("name"), "metadata.name", required=True)
@@ -599,13 +602,7 @@ def _budget_ref(doc: Doc, raw: object) -> BudgetRef | None:
 # ----------------------------------------------------------------------------------------------------- budgets
 def read_budget(doc: Doc, obj: dict[str, Any]) -> Budget | None:
     """A GPUBudget; None if it has problems (reported to ``doc``)."""
-    check_fields(doc, obj, "", TOP_FIELDS)
-    meta: dict[str, Any] = {}
-    spec: dict[str, Any] = {}
-    with doc.field():
-        meta = as_mapping(obj.get("metadata"), "metadata")
-    with doc.field():
-        spec = as_mapping(obj.get("spec"), "spec")
+    meta, spec = metadata_and_spec(doc, obj, TOP_FIELDS)
     name = ""
     with doc.field():
         name = as_str(meta.get("name"), "metadata.name", required=True)
