@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,18 @@ def test_a_released_gprs_nodes_are_drained_and_deleted_by_the_engine(tmp_path: P
                if e.kind == str(EventKind.DELETE)}  # fmt: skip
     assert set(names) <= deleted  # deleted through the controller's lifecycle
     assert rig.manager.get(gid).state in (GprState.RELEASED, GprState.COMPLETE)
+
+
+def test_a_gprs_nodes_do_not_count_towards_the_pools_min_nodes(tmp_path: Path) -> None:
+    rig = _Rig(tmp_path)
+    pool = replace(POOL, min_nodes=1)
+    rig.ctrl = Controller(rig.cluster, rig.cloud, [pool], CATALOG, rig.engine.clock, rig.ctrl.config)
+    rig.manager = GprManager(GprStore(rig.db), CATALOG, provider=rig.cloud, clock=rig.engine.clock, engine=rig.ctrl)
+    rig.manager.create(SPEC)
+    rig.run(120.0)
+    assert len(rig.gpr_nodes()) == 2
+    own = [n for n in rig.cloud.alive() if not is_gpr_request_id(n.request_id)]
+    assert len(own) == 1  # minNodes is kept by a node pods can use
 
 
 class _Crash(Exception):

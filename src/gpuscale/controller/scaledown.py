@@ -175,6 +175,9 @@ class ScaleDownSteps(ShellBase):
             pods = [replace(p, node_name=planned[p.key]) if p.pending and p.key in planned else p for p in pods]
         nodes = list(w.nodes.values())
         gpr_keys = self.gpr.keys(self.claims)
+        if gpr_keys:  # a GPR's nodes are outside the pools' accounting here (minNodes, budgets): never disrupted
+            held = {c.node_name for k in gpr_keys if (c := self.claims[k]).node_name}
+            nodes = [replace(n, pool=None) if n.name in held else n for n in nodes]
         for key, c in self.claims.items():
             if c.phase in (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED) and c.node_name not in w.nodes:
                 if key in gpr_keys:

@@ -248,7 +248,8 @@ class ScaleUpSteps(ShellBase):
                     break
 
     def _alive_in_pool(self, pool: str, w: World) -> int:
-        n = sum(1 for c in self.claims.values() if c.pool == pool and c.alive)
+        gpr_keys = self.gpr.keys(self.claims)  # a GPR's node does not count towards minNodes: pods cannot use it
+        n = sum(1 for k, c in self.claims.items() if c.pool == pool and c.alive and k not in gpr_keys)
         n += sum(
             1
             for node in w.nodes.values()
