@@ -37,26 +37,24 @@ from gpuscale.providers.alibaba import (
 )
 from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, ProviderEventKind
 from provider_contract import ContractBackend
+from shared_fake import SharedFake, assert_clean
 
 CLUSTER = "c-gpu"
 VSWITCHES = {"us-east-1a": ("vsw-a1",), "us-east-1b": ("vsw-b1", "vsw-b2")}
 ITYPE = "ecs.gn7i-c8g1.2xlarge"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "providers" / "alibaba.md"
 
-_SHARED: list[FakeAlibabaAPI] = []
+_SHARED = SharedFake(lambda: FakeAlibabaAPI().start())
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _stop_shared() -> Iterator[None]:
     yield
-    while _SHARED:
-        _SHARED.pop().stop()
+    _SHARED.stop()
 
 
 def _fake(clock: ManualClock, task_delay_s: float = 0.0, boot_delay_s: float = 0.0) -> FakeAlibabaAPI:
-    if not _SHARED:
-        _SHARED.append(FakeAlibabaAPI().start())
-    fake = _SHARED[0]
+    fake = _SHARED.get()
     fake.reset()
     fake.clock, fake.task_delay_s, fake.boot_delay_s = clock, task_delay_s, boot_delay_s
     fake.create_cluster(CLUSTER)
@@ -90,8 +88,7 @@ class AlibabaBackend:
         self.fake.max_nodes_quota = 0
 
     def close(self) -> None:
-        assert self.fake.invalid_requests == [], self.fake.invalid_requests
-        self.fake.check()
+        assert_clean(self.fake)
 
 
 class AlibabaFactory:
@@ -108,8 +105,7 @@ def env() -> Iterator[tuple[FakeAlibabaAPI, ManualClock]]:
     clock = ManualClock(1_000.0)
     fake = _fake(clock, task_delay_s=60.0, boot_delay_s=30.0)
     yield fake, clock
-    assert fake.invalid_requests == [], fake.invalid_requests
-    fake.check()
+    assert_clean(fake)
 
 
 def test_pool_has_type_vswitches_labels_taints_spot_limit_and_no_ack_autoscaling(

@@ -32,25 +32,23 @@ from gpuscale.providers.base import CloudNodeState, LaunchRequest, ProviderEvent
 from gpuscale.providers.gcp import API_CALLS, GcpConfig, GcpProvider, machine_spec, pool_name
 from gpuscale.providers.gcp_support import op_error
 from provider_contract import ContractBackend
+from shared_fake import SharedFake, assert_clean
 
 CLUSTER = "projects/proj-1/locations/us-central1/clusters/gpu-c"
 ZONES = ("us-central1-a", "us-central1-b")
 DOC = Path(__file__).resolve().parents[1] / "docs" / "providers" / "gcp.md"
 
-_SHARED: list[FakeGcpAPI] = []
+_SHARED = SharedFake(lambda: FakeGcpAPI().start())
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _stop_shared() -> Iterator[None]:
     yield
-    while _SHARED:
-        _SHARED.pop().stop()
+    _SHARED.stop()
 
 
 def _fake(clock: ManualClock, **kw: float) -> FakeGcpAPI:
-    if not _SHARED:
-        _SHARED.append(FakeGcpAPI().start())
-    fake = _SHARED[0]
+    fake = _SHARED.get()
     fake.reset()
     fake.clock = clock
     fake.op_delay_s = kw.get("op_delay_s", 0.0)
@@ -86,8 +84,7 @@ class GcpBackend:
         self.fake.gpu_quota = 0
 
     def close(self) -> None:
-        assert self.fake.invalid_requests == [], self.fake.invalid_requests
-        self.fake.check()
+        assert_clean(self.fake)
 
 
 class GcpFactory:
@@ -104,8 +101,7 @@ def env() -> Iterator[tuple[FakeGcpAPI, ManualClock]]:
     clock = ManualClock(1_000.0)
     fake = _fake(clock, op_delay_s=60.0, boot_delay_s=30.0)
     yield fake, clock
-    assert fake.invalid_requests == [], fake.invalid_requests
-    fake.check()
+    assert_clean(fake)
 
 
 def test_pool_is_created_for_the_offering_with_gpus_spot_taint_labels_and_driver(
