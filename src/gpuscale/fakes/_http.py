@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Self
 
 from werkzeug.serving import ThreadedWSGIServer, WSGIRequestHandler
 
@@ -58,3 +58,25 @@ class LocalServer:
         if self._server is None:
             raise RuntimeError(f"the {what} is not started")
         return self._server.server_port
+
+
+class ServedFake:
+    """Base of a fake served by a :class:`LocalServer` in ``self._http``: ``start()`` (returns the fake), ``stop()``,
+    and use as a context manager."""
+
+    _http: LocalServer
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> Self:
+        """Serve on an ephemeral port of 127.0.0.1 in a background thread."""
+        self._http.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving."""
+        self._http.stop()

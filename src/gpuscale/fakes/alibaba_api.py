@@ -39,7 +39,7 @@ from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
 
 from gpuscale.clock import Clock, SystemClock
-from gpuscale.fakes._http import LocalServer
+from gpuscale.fakes._http import LocalServer, ServedFake
 
 __all__ = ["ACTIONS", "FakeAlibabaAPI"]
 
@@ -162,7 +162,7 @@ def _get(d: dict[str, Any], dotted: str) -> Any:
     return cur
 
 
-class FakeAlibabaAPI:
+class FakeAlibabaAPI(ServedFake):
     """The fake ACK API. ``access_key_id`` / ``access_key_secret`` are the credentials it accepts."""
 
     def __init__(self, *, clock: Clock | None = None, task_delay_s: float = 0.0, boot_delay_s: float = 0.0) -> None:
@@ -177,21 +177,6 @@ class FakeAlibabaAPI:
         self._lock = threading.RLock()
         self._http = LocalServer(self._wsgi, name="fake-ack")
         self.reset()
-
-    def __enter__(self) -> FakeAlibabaAPI:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def start(self) -> FakeAlibabaAPI:
-        """Serve on an ephemeral port of 127.0.0.1 in a background thread."""
-        self._http.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving."""
-        self._http.stop()
 
     @property
     def endpoint(self) -> str:

@@ -43,7 +43,7 @@ from urllib.parse import parse_qs, urlsplit
 from werkzeug.wrappers import Request, Response
 
 from gpuscale.clock import Clock, SystemClock
-from gpuscale.fakes._http import LocalServer
+from gpuscale.fakes._http import LocalServer, ServedFake
 from gpuscale.fakes.google_discovery import DiscoveryDocument, discovery_document
 
 __all__ = ["DiscoveryDocument", "FakeGcpAPI", "FakeSpecViolation", "discovery_document"]
@@ -130,7 +130,7 @@ def _ts(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
 
-class FakeGcpAPI:
+class FakeGcpAPI(ServedFake):
     """The fake GKE + Compute Engine API. Use as a context manager or :meth:`start` / :meth:`stop`.
 
     ``op_delay_s`` is how long an operation runs, ``boot_delay_s`` how long a new instance is ``PROVISIONING``, both
@@ -148,21 +148,6 @@ class FakeGcpAPI:
         self.reset()
 
     # --- lifecycle ---------------------------------------------------------------------------------------------
-    def __enter__(self) -> FakeGcpAPI:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def start(self) -> FakeGcpAPI:
-        """Serve on an ephemeral port of 127.0.0.1 in a background thread."""
-        self._http.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving."""
-        self._http.stop()
-
     @property
     def endpoint(self) -> str:
         """The ``api_endpoint`` to give both SDK clients (``http://127.0.0.1:PORT``)."""

@@ -50,7 +50,7 @@ from werkzeug.serving import WSGIRequestHandler
 from werkzeug.wrappers import Request, Response
 
 from gpuscale.clock import Clock, SystemClock
-from gpuscale.fakes._http import LocalServer
+from gpuscale.fakes._http import LocalServer, ServedFake
 
 __all__ = [
     "DEFAULT_SPEC_PATH",
@@ -275,7 +275,7 @@ _ROUTES = Map(
 )
 
 
-class FakeLinodeAPI:
+class FakeLinodeAPI(ServedFake):
     """The fake Linode API. Use as a context manager or call :meth:`start` / :meth:`stop`.
 
     ``clock`` drives node readiness (share a :class:`~gpuscale.clock.ManualClock` with the client for virtual
@@ -313,21 +313,6 @@ class FakeLinodeAPI:
         self._http = LocalServer(self._wsgi, name="fake-linode", handler=_QuietHandler)
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
-    def start(self) -> FakeLinodeAPI:
-        """Serve on an ephemeral port of 127.0.0.1 in a background thread."""
-        self._http.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving."""
-        self._http.stop()
-
-    def __enter__(self) -> FakeLinodeAPI:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     def __repr__(self) -> str:
         return f"FakeLinodeAPI(base_url={self.base_url!r}, clusters={sorted(self._clusters)})"
 
