@@ -92,6 +92,30 @@ def _items(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
+def read_documents(
+    text: str, source: str, problems: list[InputError], read: Callable[[Doc, Any, yaml.Node], None]
+) -> None:
+    """Hand each non-empty YAML document of ``text`` to ``read`` with its :class:`Doc` (reporting to ``problems``),
+    through the guarded loader with gc paused. A syntax error or a loader limit is one problem and ends the file."""
+    loader = GuardedLoader(text)
+    index = 0
+    try:
+        with paused_gc():
+            for node in compose_documents(loader, source=source):
+                index += 1
+                if node is None:
+                    continue
+                data = construct(loader, node, source=source)
+                line = node.start_mark.line + 1
+                read(Doc(source=source, index=index, line=line, problems=problems, locate=_locator(node)), data, node)
+    except yaml.YAMLError as exc:
+        problems.append(yaml_error(exc, source, label="YAML syntax error", column=True))
+    except InputError as exc:  # a limit of the loader: the rest of the file is not read
+        problems.append(exc)
+    finally:
+        loader.dispose()
+
+
 def _locator(root: yaml.Node) -> Callable[[str], int | None]:
     """A function mapping a field path (``spec.containers[0].resources.requests.nvidia.com/gpu``) to the 1-based line
     of the deepest part of it present in the YAML. Keys may contain dots: the longest matching key wins."""
@@ -146,24 +170,7 @@ class _Builder:
 
     def add_yaml(self, text: str, *, source: str) -> None:
         self.sources.append(source)
-        loader = GuardedLoader(text)
-        index = 0
-        try:
-            with paused_gc():
-                for node in compose_documents(loader, source=source):
-                    index += 1
-                    if node is None:
-                        continue
-                    data = construct(loader, node, source=source)
-                    line = node.start_mark.line + 1
-                    doc = Doc(source=source, index=index, line=line, problems=self.problems, locate=_locator(node))
-                    self.add_object(data, doc, _items(node))
-        except yaml.YAMLError as exc:
-            self.problems.append(yaml_error(exc, source, label="YAML syntax error", column=True))
-        except InputError as exc:  # a limit of the loader: the rest of the file is not read
-            self.problems.append(exc)
-        finally:
-            loader.dispose()
+        read_documents(text, source, self.problems, lambda doc, data, node: self.add_object(data, doc, _items(node)))
 
     def add_object(self, data: object, doc: Doc, item_nodes: list[yaml.Node] | None) -> None:
         if data is None:

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpuscale.core.autoscale.budget import Budget, ModelShare
 from gpuscale.core.autoscale.hpa import (
     DEFAULT_SCALE_DOWN,
@@ -44,8 +42,8 @@ from gpuscale.core.autoscale.keda import (
 from gpuscale.core.autoscale.rightsize_update import RightsizePolicy
 from gpuscale.core.cron import CronSchedule, parse_cron
 from gpuscale.errors import InputError
-from gpuscale.inputs import GuardedLoader, compose_documents, construct, paused_gc, read_text, yaml_error
-from gpuscale.manifests import _locator
+from gpuscale.inputs import read_text
+from gpuscale.manifests import read_documents
 from gpuscale.manifests.fields import (
     as_int,
     as_list,
@@ -158,23 +156,7 @@ def parse_scalers(text: str, *, source: str) -> ScalerFile:
     problems: list[InputError] = []
     scalers: list[ScalerManifest] = []
     budgets: list[Budget] = []
-    loader = GuardedLoader(text)
-    index = 0
-    try:
-        with paused_gc():
-            for node in compose_documents(loader, source=source):
-                index += 1
-                if node is None:
-                    continue
-                data = construct(loader, node, source=source)
-                doc = Doc(source, index, node.start_mark.line + 1, problems, locate=_locator(node))
-                _read_object(doc, data, scalers, budgets)
-    except yaml.YAMLError as exc:
-        problems.append(yaml_error(exc, source, label="YAML syntax error", column=True))
-    except InputError as exc:
-        problems.append(exc)
-    finally:
-        loader.dispose()
+    read_documents(text, source, problems, lambda doc, data, _: _read_object(doc, data, scalers, budgets))
     _check_unique(problems, source, [(f"{s.namespace}/{s.name}", "scaler") for s in scalers])
     _check_unique(problems, source, [(b.name, "GPUBudget") for b in budgets])
     if problems:
