@@ -23,7 +23,8 @@ One :meth:`Controller.reconcile` call:
 Every decision is recorded as an :class:`~gpuscale.controller.backend.Event`. State lives in small objects: the claim
 table (:class:`~gpuscale.controller.claims.ClaimTable`), the offering availability and back-offs
 (:class:`~gpuscale.controller.availability.Availability`, kept across restarts by its store), the launcher's retry
-times and burnt ids, and the consolidation gate.
+times and burnt ids, the consolidation gate, the deletion timers (:class:`~gpuscale.controller.deletions.Deletions`)
+and the GPR nodes handed to this engine (:class:`~gpuscale.controller.gprnodes.GprNodes`).
 
 Crash safety: the controller keeps nothing that cannot be rebuilt (or, for availability, that its store does not
 keep). A new controller adopts every provider node as a claim (a cordoned node is resumed as Draining, a provider
@@ -46,6 +47,7 @@ from gpuscale.controller.batching import PendingBatch
 from gpuscale.controller.claims import ClaimTable
 from gpuscale.controller.config import ControllerConfig
 from gpuscale.controller.consolidation import ConsolidationGate
+from gpuscale.controller.deletions import Deletions
 from gpuscale.controller.gprnodes import GprNodes, GprSteps
 from gpuscale.controller.launcher import Launcher
 from gpuscale.controller.scaledown import ScaleDownSteps
@@ -129,7 +131,6 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
         """Request ids, launches and their retries at due times."""
         self._involuntary: set[str] = set()
         self._replacements: dict[str, tuple[tuple[str, ...], DisruptionAction]] = {}
-        self._orphan_since: dict[str, float] = {}
         self.batch = PendingBatch(self.config.batch_idle_s, self.config.batch_max_s)
         """The batch window of pending pods."""
         self._force_plan = False
@@ -156,7 +157,8 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
         self._reported: dict[str, str] = {}
         self._wake_times: list[float] | None = None
         """Sorted candidate wake-up times, computed on demand after each round."""
-        self._delete_retry_at: dict[str, float] = {}
+        self.deletions = Deletions(self.config.orphan_grace_s)
+        """Delete retry times and orphan clocks."""
 
     # ------------------------------------------------------------------------------------------------ public
     @property
@@ -232,8 +234,7 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
             if unlisted is not None and unlisted.phase is ClaimPhase.LAUNCHED:
                 times.append(unlisted.since + self.config.lost_grace_s)
         times += self.launcher.wake_times()
-        times += self._delete_retry_at.values()
-        times += [t + self.config.orphan_grace_s for t in self._orphan_since.values()]
+        times += self.deletions.wake_times()
         if self.batch.seen:
             times += self.availability.expiries()
         times += self.gate.wake_times(self._pool_of_node)

@@ -35,7 +35,6 @@ class ScaleDownSteps(ShellBase):
     """Consolidation, draining, deletion and orphans (part of :class:`~gpuscale.controller.loop.Controller`)."""
 
     _measured: bool
-    _orphan_since: dict[str, float]
 
     def _consolidate(self, w: World, result: ReconcileResult) -> None:
         now = w.now
@@ -215,7 +214,7 @@ class ScaleDownSteps(ShellBase):
         if not leaving:
             return
         now = w.now
-        d = drain_step(leaving, w.by_node(), w.nodes, w.pods, w.pdbs, self._involuntary, self._delete_retry_at, now)
+        d = drain_step(leaving, w.by_node(), w.nodes, w.pods, w.pdbs, self._involuntary, self.deletions.retry_at, now)
         for a in d.actions:
             if isinstance(a, Evict):
                 if self.backend.evict(a.pod):
@@ -244,7 +243,7 @@ class ScaleDownSteps(ShellBase):
                 n = self.launcher.attempts.get(key, 0) + 1
                 self.launcher.attempts[key] = n
                 delay = retry_delay(exc, n, self.launcher.rules)
-                self._delete_retry_at[key] = now + delay
+                self.deletions.retry(key, now + delay)
                 self._record(now, EventKind.DELETE, f"node/{c.node_name or key}", "DeleteRetry", str(exc))
                 return
             result.deleted += 1
@@ -256,7 +255,7 @@ class ScaleDownSteps(ShellBase):
                 f"deleting {c.instance_type} {c.capacity_type} in {c.zone}",
                 request_id=key,
             )
-        self._delete_retry_at[key] = now + recheck
+        self.deletions.retry(key, now + recheck)
         node = find_node(c, w.nodes)
         if node is not None:
             self.backend.delete_node(node.name)
@@ -270,14 +269,14 @@ class ScaleDownSteps(ShellBase):
             if rid is not None and rid not in claims:
                 break
         else:  # every labelled Node has its claim: no orphan (the common case, checked without building anything)
-            self._orphan_since = {}
+            self.deletions.orphans({})
             return
         scan = orphan_step(
             list(w.nodes.values()),
             claims,
             claims.names_node,
             {cn.request_id for cn in w.cloud},
-            self._orphan_since,
+            self.deletions.orphan_since,
             self.config.orphan_grace_s,
             w.now,
         )
@@ -287,4 +286,4 @@ class ScaleDownSteps(ShellBase):
             self._record(
                 w.now, EventKind.ORPHAN, f"node/{r.name}", "Orphan", f"request {r.request_id} has no cloud node"
             )
-        self._orphan_since = scan.since
+        self.deletions.orphans(scan.since)

@@ -55,6 +55,7 @@ from gpuscale.core.templates import template_allocatable, template_labels
 from gpuscale.providers.base import CloudNode, LaunchRequest, Provider, ProviderEvent
 
 if TYPE_CHECKING:
+    from gpuscale.controller.deletions import Deletions
     from gpuscale.controller.gprnodes import GprNodes
 
 
@@ -151,7 +152,7 @@ class ShellBase:
     _replacements: dict[str, tuple[tuple[str, ...], DisruptionAction]]
     _reported: dict[str, str]
     _force_plan: bool
-    _delete_retry_at: dict[str, float]
+    deletions: Deletions
     _planned_on_node: dict[str, str]
 
     def _apply(self, d: Decisions, w: World) -> None:
@@ -193,7 +194,7 @@ class ShellBase:
         del self.claims[key]
         self.launcher.forget(key)
         self._involuntary.discard(key)
-        self._delete_retry_at.pop(key, None)
+        self.deletions.forget(key)
         if claim.node_name:
             self.gate.forget(claim.node_name)
             self._reported.pop(f"node/{claim.node_name}", None)
