@@ -191,12 +191,9 @@ def read_pool(
 
 def _quantities(doc: Doc, raw: object, path: str, allowed: tuple[str, ...], readers: dict[str, Any]) -> dict[str, int]:
     out: dict[str, int] = {}
-    try:
-        m = as_mapping(raw, path)
-    except FieldError as err:
-        doc.report(err)
+    m = fields_of(doc, raw, path, allowed)
+    if m is None:
         return out
-    check_fields(doc, m, path, allowed)
     for key in allowed:
         if m.get(key) is None:
             continue

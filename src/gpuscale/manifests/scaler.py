@@ -363,24 +363,18 @@ def _behavior_source(doc: Doc, spec: Mapping[str, Any], kind: str) -> Behavior:
 
 def read_behavior(doc: Doc, raw: object, path: str) -> Behavior:
     """An HPA v2 ``behavior``; absent parts take the HPA's defaults."""
-    try:
-        m = as_mapping(raw, path)
-    except FieldError as err:
-        doc.report(err)
+    m = fields_of(doc, raw, path, BEHAVIOR_FIELDS)
+    if m is None:
         return Behavior()
-    check_fields(doc, m, path, BEHAVIOR_FIELDS)
     up = _rules(doc, m.get("scaleUp"), f"{path}.scaleUp", DEFAULT_SCALE_UP)
     down = _rules(doc, m.get("scaleDown"), f"{path}.scaleDown", DEFAULT_SCALE_DOWN)
     return Behavior(up, down)
 
 
 def _rules(doc: Doc, raw: object, path: str, default: ScalingRules) -> ScalingRules:
-    try:
-        m = as_mapping(raw, path)
-    except FieldError as err:
-        doc.report(err)
+    m = fields_of(doc, raw, path, RULES_FIELDS)
+    if m is None:
         return default
-    check_fields(doc, m, path, RULES_FIELDS)
     window, select, tolerance, policies = (
         default.stabilization_window_s,
         default.select_policy,
