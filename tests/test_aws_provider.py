@@ -141,10 +141,9 @@ def test_launch_template_per_pool_with_eks_ami_and_join_user_data(aws: MotoAws, 
     assert aws.proxy.actions().count("CreateLaunchTemplate") == 1
     [get] = aws.proxy.calls("GetParameter")[:1]
     assert get["Name"] == "/aws/service/eks/optimized-ami/1.31/amazon-linux-2023/x86_64/nvidia/recommended/image_id"
-    [template] = [
-        t
-        for t in aws.client("ec2").describe_launch_templates()["LaunchTemplates"]
-        if t["LaunchTemplateName"].startswith(f"gpuscale/{world.cluster}/")
+    [created] = aws.proxy.calls("CreateLaunchTemplate")
+    [template] = aws.client("ec2").describe_launch_templates(LaunchTemplateNames=[created["LaunchTemplateName"]])[
+        "LaunchTemplates"
     ]
     assert template["LaunchTemplateName"].startswith(f"gpuscale/{world.cluster}/gpu/")
     data = aws.client("ec2").describe_launch_template_versions(LaunchTemplateId=template["LaunchTemplateId"])[
