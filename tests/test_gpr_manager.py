@@ -335,3 +335,45 @@ def test_with_the_simulated_cloud(tmp_path: Path) -> None:
     assert m.get(g.gpr_id).state is GprState.RELEASED
     assert sim.cloud.counters.nodes_launched == 2 and sim.cloud.counters.nodes_deleted == 2
     assert sim.cloud.counters.duplicate_nodes == 0
+
+
+class RunningOnlyProvider(FakeProvider):
+    """A cloud whose last word on a node is RUNNING (EC2, GCE, ECS): it never says READY."""
+
+    @property
+    def capabilities(self) -> ProviderCapabilities:
+        return ProviderCapabilities(zones=("us-ord",), reports_node_ready=False)
+
+    def make_running(self) -> None:
+        from dataclasses import replace
+
+        for nid, n in self.nodes.items():
+            self.nodes[nid] = replace(n, state=CloudNodeState.RUNNING)
+
+
+def test_a_provider_that_never_says_ready_provisions_when_its_nodes_run(tmp_path: Path) -> None:
+    cloud = RunningOnlyProvider()
+    m, clock = manager(tmp_path, cloud, config=GprConfig(provider="fake"))
+    g = m.create(SPEC)
+    m.reconcile()
+    clock.sleep(30)
+    m.reconcile()
+    assert m.get(g.gpr_id).state is GprState.PROVISIONING  # still provisioning: not running yet
+    cloud.make_running()
+    clock.sleep(30)
+    m.reconcile()
+    assert m.get(g.gpr_id).state is GprState.PROVISIONED
+
+
+def test_running_is_not_ready_for_a_provider_that_says_ready(tmp_path: Path) -> None:
+    cloud = FakeProvider()  # LKE-like: RUNNING is a step before READY
+    m, clock = manager(tmp_path, cloud, config=GprConfig(provider="fake"))
+    g = m.create(SPEC)
+    m.reconcile()
+    for n in list(cloud.nodes):
+        from dataclasses import replace
+
+        cloud.nodes[n] = replace(cloud.nodes[n], state=CloudNodeState.RUNNING)
+    clock.sleep(30)
+    m.reconcile()
+    assert m.get(g.gpr_id).state is GprState.PROVISIONING

@@ -263,6 +263,7 @@ class GprManager:
         self.clock: Clock = clock or SystemClock()
         self.inventory = inventory
         self._provider = provider
+        self._last_word: tuple[Provider, CloudNodeState] | None = None
         self._factory = provider_factory
         self._utilization = utilization
         self._blocked: str | None = None
@@ -604,10 +605,11 @@ class GprManager:
                 observed = True
                 util = dict(self._utilization()) if self._utilization is not None else {}
                 by_name = {n.name: n for n in inv_nodes}
+                last_word = self._ready_state(provider)
                 for cn in cloud:
                     if cn.state in (CloudNodeState.DELETING, CloudNodeState.GONE):
                         continue
-                    created.append(self._to_gpr_node(cn, by_name.pop(cn.node_name, None), util))
+                    created.append(self._to_gpr_node(cn, by_name.pop(cn.node_name, None), util, last_word))
                 inv_nodes = list(by_name.values())
                 for ev in events:
                     if ev.kind in (ProviderEventKind.LAUNCH_FAILED, ProviderEventKind.NODE_FAILED) and (
@@ -626,11 +628,25 @@ class GprManager:
             unavailable=self.availability.unavailable_at(now),
         )
 
-    def _to_gpr_node(self, cn: CloudNode, k8s: GprNode | None, util: Mapping[str, float]) -> GprNode:
+    def _ready_state(self, provider: Provider) -> CloudNodeState:
+        """The provider state that means "up": READY, or RUNNING for a provider that never says READY (its
+        capabilities, read once per provider; asked again next pass if they cannot be read)."""
+        if self._last_word is None or self._last_word[0] is not provider:
+            try:
+                reports = provider.capabilities.reports_node_ready
+            except ProviderError as exc:
+                log.warning("cannot read the provider's capabilities: %s", exc)
+                return CloudNodeState.READY
+            self._last_word = (provider, CloudNodeState.READY if reports else CloudNodeState.RUNNING)
+        return self._last_word[1]
+
+    def _to_gpr_node(
+        self, cn: CloudNode, k8s: GprNode | None, util: Mapping[str, float], up: CloudNodeState = CloudNodeState.READY
+    ) -> GprNode:
         it = self._types.get(cn.instance_type)
         offer = it.cheapest() if it is not None else None
         name = cn.node_name or cn.node_id
-        ready = cn.state is CloudNodeState.READY and (k8s is None or k8s.ready)
+        ready = cn.state in (CloudNodeState.READY, up) and (k8s is None or k8s.ready)
         return GprNode(
             name=name,
             instance_type=cn.instance_type,

@@ -238,6 +238,7 @@ class AlibabaProvider:
             delete_specific_node=True,
             zones=tuple(self.config.vswitches),
             max_nodes_per_launch=self.config.max_pool_nodes,
+            reports_node_ready=False,
         )
 
     def unavailable_offerings(self) -> dict[tuple[str, str, CapacityType], float]:

@@ -237,6 +237,7 @@ class AwsProvider:
             delete_specific_node=True,
             zones=(self.config.region, *zones),
             max_nodes_per_launch=MAX_FLEET_SIZE,
+            reports_node_ready=False,
         )
 
     # --- Provider protocol ---------------------------------------------------------------------------------------

@@ -91,7 +91,9 @@ class AwsNodeGroupProvider:
     @property
     def capabilities(self) -> ProviderCapabilities:
         """Specific nodes deletable; the region as the one zone; spot when a group is a spot group."""
-        return ProviderCapabilities(spot=True, delete_specific_node=True, zones=(self.config.region,))
+        return ProviderCapabilities(
+            spot=True, delete_specific_node=True, zones=(self.config.region,), reports_node_ready=False
+        )
 
     def launch(self, request: LaunchRequest) -> Sequence[CloudNode]:
         """Grow the pool's node group by ``request.count`` (once per request id)."""

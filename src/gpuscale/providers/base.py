@@ -92,6 +92,10 @@ class ProviderCapabilities:
     delete_specific_node: bool = True
     zones: tuple[str, ...] = ()
     max_nodes_per_launch: int = 100
+    reports_node_ready: bool = True
+    """True: the provider itself says READY once the node has joined the cluster (LKE, the simulated cloud). False:
+    RUNNING is its last word (an EC2 instance, a GCE VM, an ECS instance); readiness is the Kubernetes Node's, and
+    where nothing watches the cluster (``gpuscale serve``) a RUNNING node counts as ready."""
 
 
 class Provider(Protocol):

@@ -235,7 +235,11 @@ class GcpProvider:
     def capabilities(self) -> ProviderCapabilities:
         """Spot, the configured zones, specific nodes deleted through the MIG."""
         return ProviderCapabilities(
-            spot=True, delete_specific_node=True, zones=self.config.zones, max_nodes_per_launch=MAX_POOL_SIZE
+            spot=True,
+            delete_specific_node=True,
+            zones=self.config.zones,
+            max_nodes_per_launch=MAX_POOL_SIZE,
+            reports_node_ready=False,
         )
 
     def unavailable_offerings(self) -> dict[tuple[str, str, CapacityType], float]:
