@@ -14,7 +14,7 @@ import hashlib
 from collections.abc import Callable, Iterable, MutableMapping
 
 from gpuscale.controller.availability import Availability
-from gpuscale.core.model import NodePool
+from gpuscale.core.model import NodePool, OfferingKey
 from gpuscale.core.nodeclaim import ClaimEvent, NodeClaim, transition
 from gpuscale.core.reconcile import (
     AllowFallback,
@@ -34,6 +34,17 @@ from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, Pr
 
 Record = Callable[[Note], None]
 """Where the launcher's notes go (the controller stamps them with the time and records them)."""
+
+
+def named_offerings(exc: ProviderError) -> tuple[OfferingKey, ...]:
+    """The offerings a provider error names as failed: its ``offerings`` attribute (set by the AWS provider from a
+    fleet's error items), each an :class:`OfferingKey` or an object with an ``offering`` one; () when it names none."""
+    out: list[OfferingKey] = []
+    for item in getattr(exc, "offerings", None) or ():
+        key = item if isinstance(item, OfferingKey) else getattr(item, "offering", None)
+        if isinstance(key, OfferingKey):
+            out.append(key)
+    return tuple(out)
 
 
 def apply_mark(availability: Availability, mark: MarkUnavailable, now: float, record: Record) -> None:
@@ -136,6 +147,7 @@ class Launcher:
                 fallback_active=self.availability.fallback_active(c.pool, now),
                 rules=self.rules,
                 now=now,
+                named=named_offerings(exc),
             )
             for action in verdict.actions:
                 self._apply(action, claims, now)

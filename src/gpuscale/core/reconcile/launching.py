@@ -5,15 +5,17 @@ error (data) into actions the launcher carries out, and a retry happens in a lat
 sleeping. By the policy's kind:
 
 ==================  ==================================================================================================
-``next-offering``   fail the claim, avoid the offering for ``unavailable_ttl_s`` and re-plan (a spot-only pool with
-                    ``allowSpotFallback`` may buy on-demand meanwhile)
+``next-offering``   fail the claim, avoid the offering asked for and every offering the error names for
+                    ``unavailable_ttl_s`` and re-plan (a spot-only pool with ``allowSpotFallback`` may buy on-demand
+                    meanwhile)
 ``after``           keep the claim Requested; retry the same request id after the policy's delay; hold the pool's
                     launches as long (not doubled)
 ``backoff``         with ``max_attempts`` > 0 (transient): retry the same id after base x 2^(n-1), at most
                     ``max_backoff_s``, where base is the configured ``retry_base_s`` or else the policy's delay;
                     after ``max_attempts`` failed attempts fail the claim and re-plan.
                     With ``max_attempts`` = 0 (a pool-wide limit such as a quota): fail the claim, back the pool off
-                    exponentially from ``quota_backoff_s`` or else the policy's delay, and re-plan
+                    exponentially from ``quota_backoff_s`` or else the policy's delay, avoid the offerings the error
+                    names (e.g. a spot instance count limit names spot offerings), and re-plan
 ``never``           an id the provider says is used: drop the claim and launch under a new id at once; a resource not
                     found: fail the claim; anything else (invalid request, rejected credentials): fail the claim and
                     hold the pool's launches for ``max_backoff_s``
@@ -111,6 +113,11 @@ def _fail(key: str, claim: NodeClaim, why: str, now: float) -> list[LaunchAction
     ]
 
 
+def _marks(offerings: tuple[OfferingKey, ...], until: float, why: str) -> list[LaunchAction]:
+    """One mark per distinct offering, in order."""
+    return [MarkUnavailable(o, until, why) for o in dict.fromkeys(offerings)]
+
+
 def judge_launch_error(
     key: str,
     claim: NodeClaim,
@@ -121,11 +128,14 @@ def judge_launch_error(
     fallback_active: bool,
     rules: LaunchRules,
     now: float,
+    named: tuple[OfferingKey, ...] = (),
 ) -> LaunchVerdict:
     """The verdict on ``exc`` raised by the launch of the Requested ``claim`` (see the module docstring).
 
     ``attempts`` is how many earlier attempts of this claim failed with a retryable error; ``fallback_active``
-    whether the claim's pool may already buy on-demand instead of spot.
+    whether the claim's pool may already buy on-demand instead of spot; ``named`` the exact offerings the error
+    names (an EC2 fleet's failed overrides: instance type, availability zone, capacity type), each marked
+    unavailable.
     """
     policy = exc.retry
     why = str(exc)
@@ -133,7 +143,7 @@ def judge_launch_error(
     if policy.kind is RetryKind.NEXT_OFFERING:
         acts = _fail(key, claim, why, now)
         offering = OfferingKey(claim.instance_type, claim.zone, claim.capacity_type)
-        acts.append(MarkUnavailable(offering, now + rules.unavailable_ttl_s, "insufficient capacity"))
+        acts.extend(_marks((offering, *named), now + rules.unavailable_ttl_s, "insufficient capacity"))
         if (
             claim.capacity_type is CapacityType.SPOT
             and pool is not None
@@ -164,6 +174,7 @@ def judge_launch_error(
         base = rules.quota_backoff_s if rules.quota_backoff_s is not None else policy.delay_s
         acts = _fail(key, claim, why, now)
         acts.append(BackOff(claim.pool, base, True, why))
+        acts.extend(_marks(named, now + rules.unavailable_ttl_s, "limit exceeded"))
         return LaunchVerdict(Outcome.QUOTA, tuple(acts))
     n = attempts + 1
     if n >= policy.max_attempts:
