@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from gpuscale.core.gpr import GPR_LABEL, GPR_TAINT
+from gpuscale.core.nodeclaim import ClaimPhase
 from gpuscale.fakes.kube_api import KubeAPIServer
 from gpuscale.kube import API_VERBS, PREFLIGHT_VERBS
 from gpuscale.kube.gpr_store import RECORD_FIELD, gpr_id_for
@@ -66,6 +67,11 @@ def gpr_nodes(server: KubeAPIServer, gpr_id: str) -> list[dict[str, Any]]:
     return [n for n in server.items("nodes") if (n["metadata"].get("labels") or {}).get(GPR_LABEL) == gpr_id]
 
 
+def _gpr_claims_initialized(world: World, gpr_id: str) -> bool:
+    claims = [c for k, c in world.proc.controller.claims.items() if k.startswith(gpr_id)]
+    return len(claims) == 2 and all(c.phase is ClaimPhase.INITIALIZED for c in claims)
+
+
 def events_on(world: World, name: str) -> list[str]:
     world.proc.backend.events.flush()
     return [
@@ -95,6 +101,9 @@ def test_a_gpr_applied_as_a_cr_is_provisioned_then_expires_and_is_released(world
     jsonschema.validate(st, STATUS_SCHEMA)  # what the API server would keep (nothing pruned, nothing refused)
     ready = {c["type"]: c for c in st["conditions"]}
     assert ready["Ready"]["status"] == "True" and ready["Queued"]["status"] == "False"
+    # One engine: the controller's claim table holds the GPR's nodes and follows them to Initialized (GPUs
+    # allocatable, 30 s after creation here) like its own, so let the device plugin show them before the long jump.
+    world.until(lambda: _gpr_claims_initialized(world, gpr_id), advance=10)
     world.round(3600)  # the exit duration passes
     world.until(lambda: not gpr_nodes(server, gpr_id))
     assert status(server, "train")["provisioningStatus"] == "Complete"
