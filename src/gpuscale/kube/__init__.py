@@ -31,6 +31,10 @@ API_VERBS: tuple[tuple[str, str], ...] = (
     ("watch", "gpunodeclaims.gpuscale.io"),
     ("list", "offeringavailabilities.gpuscale.io"),
     ("watch", "offeringavailabilities.gpuscale.io"),
+    ("get", "offeringavailabilities.gpuscale.io"),
+    ("create", "offeringavailabilities.gpuscale.io"),
+    ("patch", "offeringavailabilities.gpuscale.io"),
+    ("patch", "offeringavailabilities.gpuscale.io/status"),
     ("list", "gpuprovisioningrequests.gpuscale.io"),
     ("watch", "gpuprovisioningrequests.gpuscale.io"),
     ("get", "gpuprovisioningrequests.gpuscale.io"),
@@ -56,7 +60,8 @@ API_VERBS: tuple[tuple[str, str], ...] = (
 """Every (verb, resource) the adapter and the kwok provider use, as RBAC names them (``plural.group`` and
 ``plural/subresource``). ``create nodes`` and ``patch nodes/status`` are the kwok provider's only; the scalers,
 budgets and ``scale`` subresources are :mod:`.scalers`' (a workload of another kind needs its own grant); the
-GPR objects and the pools' status are :mod:`.gpr_store`'s and :mod:`.command`'s. The RBAC
+GPR objects and the pools' status are :mod:`.gpr_store`'s and :mod:`.command`'s.
+``get``/``create``/``patch`` of OfferingAvailabilities (and their status) are :mod:`.availability_store`'s. The RBAC
 test of the deployment checks the ClusterRole against this list (``get``/``patch`` of Deployments and StatefulSets
 are :mod:`.rightsizer`'s: ``updateMode: Recreate`` patches their pod template); the end-to-end tests check the
 adapter uses nothing else."""

@@ -23,6 +23,7 @@ from lightkube.types import PatchType
 
 from gpuscale.catalogs import load_catalog
 from gpuscale.clock import Clock, SystemClock
+from gpuscale.controller.availability import Availability
 from gpuscale.controller.loop import Controller, ControllerConfig
 from gpuscale.core.gpr import GprState
 from gpuscale.core.model import Catalog, NodePool
@@ -30,6 +31,7 @@ from gpuscale.core.nodeclaim import ClaimPhase
 from gpuscale.errors import GpuscaleError, InputError
 from gpuscale.gpr.manager import GprManager, config_from_env
 from gpuscale.kube import API_VERBS
+from gpuscale.kube.availability_store import KubeAvailabilityStore
 from gpuscale.kube.backend import KubeBackend
 from gpuscale.kube.cache import GPUNodePool, KubeCache
 from gpuscale.kube.client import KubeClient, KubeError, load_config
@@ -136,6 +138,10 @@ class ControllerProcess:
     """Serve GPUProvisioningRequest objects with the GPR manager (:mod:`gpuscale.kube.gpr_store`)."""
     gpr_store: KubeGprStore | None = field(default=None, init=False)
     gpr_manager: GprManager | None = field(default=None, init=False)
+    persist_availability: bool = True
+    """Keep offering marks and back-offs on the OfferingAvailability ``gpuscale-controller``
+    (:mod:`gpuscale.kube.availability_store`); False keeps them in memory only."""
+    availability_store: KubeAvailabilityStore | None = field(default=None, init=False)
     rounds: int = 0
     cache: KubeCache = field(init=False)
     backend: KubeBackend = field(init=False)
@@ -169,9 +175,19 @@ class ControllerProcess:
         self.provider = self._provider()
         _warm_up()
         self.backend.list_pods()  # convert every cached pod once now, not in the first round
+        availability = None
+        if self.persist_availability:
+            self.availability_store = KubeAvailabilityStore(
+                self.client, self.catalog, self.clock, events=self.backend.events
+            )
+            try:
+                availability = Availability(self.availability_store)
+            except KubeError as exc:
+                raise _setup_error(exc) from exc
         self.controller = Controller(
-            self.backend, self.provider, self._current_pools(), self.catalog, self.clock, self.config
-        )
+            self.backend, self.provider, self._current_pools(), self.catalog, self.clock, self.config,
+            availability=availability,
+        )  # fmt: skip
         if self.gprs_enabled:
             self.gpr_store = KubeGprStore(self.client, self.cache, self.catalog, self.clock, events=self.backend.events)
             self.gpr_manager = GprManager(
@@ -180,7 +196,7 @@ class ControllerProcess:
                 config=config_from_env(self.env, provider=self.provider_name),
                 provider=self.provider,
                 clock=self.clock,
-                engine=self.controller,
+                availability=self.controller.availability,
             )
         return self
 
@@ -226,6 +242,8 @@ class ControllerProcess:
         result = self.controller.reconcile()
         self._serve_gprs()
         self._write_pool_status()
+        if self.availability_store is not None:
+            self.availability_store.flush()  # one or two API calls when a mark changed, none otherwise
         self.rounds += 1
         if self.endpoints is not None:
             seconds = time.perf_counter() - started
@@ -333,6 +351,8 @@ class ControllerProcess:
             self.cache.stop()
         if hasattr(self, "backend"):  # not when the start failed before it
             self.backend.events.flush(2)
+        if self.availability_store is not None:
+            self.availability_store.flush()  # best effort: a failed write was logged
         self.client.close()
 
 

@@ -270,7 +270,19 @@ def availability_schema() -> Schema:
         required=("instanceType", "until"),
     )
     spec = obj(availability.SPEC_FIELDS, {"unavailable": array(entry, maxItems=1000)})
-    st = obj(status.AVAILABILITY_STATUS_FIELDS, {"conditions": conditions()})
+    mark = obj(
+        status.MARK_FIELDS,
+        {
+            "kind": enum(["backoff", "fallback", "retry"]),
+            "key": string("The pool name, or the launch request id of a retry.", minLength=1),
+            "until": string("RFC 3339 time the mark ends.", format="date-time"),
+            "failures": integer("Consecutive failures so far.", minimum=0),
+            "reason": string(maxLength=256),
+        },
+        required=("kind", "key", "until"),
+    )
+    marks = array(mark, "Back-offs, spot fallbacks and launch retries the controller keeps across restarts.")
+    st = obj(status.AVAILABILITY_STATUS_FIELDS, {"conditions": conditions(), "marks": marks})
     return _top(spec, st)
 
 

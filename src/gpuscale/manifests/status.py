@@ -14,7 +14,9 @@ from typing import Any
 POOL_STATUS_FIELDS = ("nodes", "gpus", "hourlyCost", "conditions")
 CONDITION_FIELDS = ("type", "status", "reason", "message", "lastTransitionTime", "observedGeneration")
 CONDITION_STATUSES = ("True", "False", "Unknown")
-AVAILABILITY_STATUS_FIELDS = ("conditions",)
+AVAILABILITY_STATUS_FIELDS = ("conditions", "marks")
+MARK_FIELDS = ("kind", "key", "until", "failures", "reason")
+"""A ``status.marks`` entry: a back-off, spot fallback or launch retry (:mod:`gpuscale.kube.availability_store`)."""
 
 
 @dataclass(frozen=True, slots=True)
