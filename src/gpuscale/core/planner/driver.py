@@ -1,0 +1,159 @@
+"""One planning run: classify the pending pods, plan gangs (all or nothing), place the rest on existing and
+in-flight nodes, pack what is left onto new nodes, optionally re-optimise them exactly, and explain the rest."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gpuscale.core.model import Pod, Snapshot
+from gpuscale.core.plan import Blocked, BlockReason, Launch, PlannerConfig, ScaleUpPlan
+from gpuscale.core.planner.classes import PodClass, class_key, pod_order
+from gpuscale.core.planner.context import Context, NewNodes
+from gpuscale.core.planner.existing import ExistingNodes
+from gpuscale.core.planner.explain import explain
+from gpuscale.core.planner.feasible import ClassOptions
+from gpuscale.core.planner.milp import improve_with_milp
+from gpuscale.core.planner.options import option_table
+from gpuscale.core.planner.packer import GreedyPacker
+from gpuscale.core.templates import pool_totals
+
+
+class Planner:
+    """One planning run. Use :func:`plan`."""
+
+    def __init__(self, snapshot: Snapshot, config: PlannerConfig, now: float) -> None:
+        self.snapshot = snapshot
+        self.config = config
+        self.now = now
+        self.choices = ClassOptions(option_table(snapshot, now))
+        self.existing = ExistingNodes(snapshot, config.scorer)
+        self.packer = GreedyPacker(self.choices, self.class_of, config.candidate_types)
+        self.classes: list[PodClass] = []
+        self._class_of: dict[tuple[object, ...], PodClass] = {}
+        self.pods_by_key: dict[str, Pod] = {p.key: p for p in snapshot.pods}
+
+    # -- setup
+    def _initial_context(self) -> Context:
+        state = self.existing.initial_state()
+        pool_nodes, pool_usage = pool_totals(self.existing.nodes, self.snapshot.catalog)
+        return Context(state, pool_nodes, pool_usage, [], {}, [])
+
+    def _classify(self, pods: Iterable[Pod]) -> None:
+        for pod in pods:
+            key = class_key(pod)
+            cls = self._class_of.get(key)
+            if cls is None:
+                cls = PodClass(len(self.classes), pod, key=key)
+                self.classes.append(cls)
+                self._class_of[key] = cls
+            cls.pods.append(pod)
+
+    def class_of(self, pod: Pod) -> PodClass:
+        return self._class_of[class_key(pod)]
+
+    def explain(self, ctx: Context, pod: Pod) -> Blocked:
+        """Why ``pod`` got no node: the most specific reason across all pools."""
+        return explain(self.snapshot, self.choices, ctx, self.class_of(pod), pod)
+
+    def _place_existing(self, ctx: Context, pods: list[Pod]) -> list[Pod]:
+        return self.existing.place(ctx, pods, self.class_of)
+
+    def _pack_new(self, ctx: Context, pods: list[Pod]) -> list[Pod]:
+        return self.packer.pack(ctx, pods)
+
+    # -- driver
+    def run(self) -> ScaleUpPlan:
+        pending = sorted((p for p in self.snapshot.pods if p.pending and not p.is_daemonset), key=pod_order)
+        self._classify(pending)
+        ctx = self._initial_context()
+        gangs: dict[str, list[Pod]] = {}
+        singles: list[Pod] = []
+        for p in pending:
+            if p.gang:
+                gangs.setdefault(p.gang, []).append(p)
+            else:
+                singles.append(p)
+        bound_members: dict[str, int] = {}
+        for p in self.snapshot.pods:
+            if p.gang and p.node_name is not None and p.phase in ("Pending", "Running"):
+                bound_members[p.gang] = bound_members.get(p.gang, 0) + 1
+        for name in sorted(gangs):
+            ctx = self._plan_gang(ctx, name, gangs[name], bound_members.get(name, 0))
+        left = self._place_existing(ctx, singles)
+        left = self._pack_new(ctx, left)
+        for pod in left:
+            ctx.blocked.append(self.explain(ctx, pod))
+        groups = ctx.groups
+        solver = "greedy"
+        if self.config.exact_solver and groups:
+            improved = improve_with_milp(self.choices, self.classes, self.class_of, self.pods_by_key, ctx, self.config)
+            if improved is not None:
+                groups, solver = improved, "milp"
+        return self._result(ctx, groups, solver)
+
+    def _plan_gang(self, ctx: Context, name: str, members: list[Pod], bound: int) -> Context:
+        size = max(p.gang_size for p in members)
+        if size and len(members) + bound < size:
+            for p in members:
+                ctx.blocked.append(
+                    Blocked(
+                        p.key,
+                        BlockReason.GANG_INCOMPLETE,
+                        f"gang {name} has {len(members) + bound} of {size} members; waiting for the rest",
+                    )
+                )
+            return ctx
+        trial = ctx.copy()
+        left = self._place_existing(trial, members)
+        left = self._pack_new(trial, left)
+        if not left:
+            return trial
+        why = self.explain(trial, left[0])
+        for p in members:
+            ctx.blocked.append(
+                Blocked(
+                    p.key,
+                    BlockReason.GANG_INCOMPLETE,
+                    f"gang {name} ({size or len(members)} pods) cannot be placed all together: {left[0].key}: "
+                    f"{why.message}",
+                )
+            )
+        return ctx
+
+    def _result(self, ctx: Context, groups: list[NewNodes], solver: str) -> ScaleUpPlan:
+        merged: dict[tuple[str, str, str, str], list[NewNodes]] = {}
+        for g in groups:
+            o = g.option
+            merged.setdefault((o.pool.name, o.itype.name, o.offering.zone, str(o.offering.capacity_type)), []).append(g)
+        launches: list[Launch] = []
+        placements = dict(ctx.placements)
+        for n, key in enumerate(sorted(merged, key=lambda k: (merged[k][0].option.sort_key, k))):
+            parts = merged[key]
+            opt = parts[0].option
+            lid = f"{self.config.launch_id_prefix}-{n + 1}"
+            node_pods = [pods for g in parts for pods in g.pods]
+            count = sum(g.count for g in parts)
+            all_pods: list[str] = []
+            for idx, pods in enumerate(node_pods):
+                for pk in pods:
+                    placements[pk] = f"{lid}/{idx}"
+                    all_pods.append(pk)
+            launches.append(
+                Launch(
+                    lid,
+                    opt.pool.name,
+                    opt.itype.name,
+                    opt.offering.capacity_type,
+                    opt.offering.zone,
+                    count,
+                    opt.price * count,
+                    tuple(all_pods),
+                )
+            )
+        blocked = tuple(sorted(ctx.blocked, key=lambda b: b.pod))
+        return ScaleUpPlan(tuple(launches), placements, blocked, solver)
+
+
+def plan(snapshot: Snapshot, config: PlannerConfig | None = None, now: float = 0.0) -> ScaleUpPlan:
+    """Plan placements and new nodes for every pending pod of ``snapshot`` (pure; deterministic)."""
+    return Planner(snapshot, config or PlannerConfig(), now).run()

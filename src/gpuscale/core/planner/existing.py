@@ -1,0 +1,103 @@
+"""Placement on the nodes the cluster already has: existing nodes first, then nodes being launched."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from gpuscale.core.model import Node, Pod, Snapshot
+from gpuscale.core.planner.classes import PodClass, referenced_keys
+from gpuscale.core.planner.context import Context
+from gpuscale.core.predicates import static_failure
+from gpuscale.core.resources import Request
+from gpuscale.core.scoring import Scorer, Workload, make_scorer, select
+from gpuscale.core.state import ClusterState, IntArray
+
+
+class ExistingNodes:
+    """The snapshot's nodes (existing before launching, then by name), which classes may use them, and the scorer
+    that picks among the feasible ones."""
+
+    def __init__(self, snapshot: Snapshot, scorer: str) -> None:
+        self.snapshot = snapshot
+        self.scorer: Scorer = make_scorer(scorer)
+        self.nodes: list[Node] = sorted(snapshot.nodes, key=lambda n: (n.launching, n.name))
+        self.node_index = {n.name: i for i, n in enumerate(self.nodes)}
+        self.launching = np.array([n.launching for n in self.nodes], dtype=bool)
+        self._rows_cache: dict[int, tuple[IntArray, IntArray]] = {}
+        self._groups_cache: dict[tuple[str, ...], list[IntArray]] = {}
+        self._scorer_ready = False
+
+    def initial_state(self) -> ClusterState:
+        """The nodes' free capacity after the pods already bound to them."""
+        nodes = self.nodes
+        state = ClusterState.of([n.name for n in nodes], [n.allocatable for n in nodes], [n.gpu_model for n in nodes])
+        bound: list[list[Request]] = [[] for _ in self.nodes]
+        for pod in sorted(self.snapshot.pods, key=lambda p: p.key):
+            if pod.node_name is not None and pod.phase in ("Pending", "Running") and pod.node_name in self.node_index:
+                bound[self.node_index[pod.node_name]].append(pod.request)
+        state.occupy_all(bound)
+        self._scorer_ready = False
+        if any(p.gang for p in self.snapshot.pods if p.pending):
+            self._prepare_scorer(state)  # gang trials change the state before the first placement
+        return state
+
+    def _rows(self, cls: PodClass) -> tuple[IntArray, IntArray]:
+        """Rows of existing and of launching nodes that pass the class's label/taint predicates."""
+        cached = self._rows_cache.get(cls.index)
+        if cached is not None:
+            return cached
+        pod = cls.example
+        ok = np.zeros(len(self.nodes), dtype=bool)
+        for rows in self._node_groups(referenced_keys(pod)):
+            n = self.nodes[rows[0]]
+            if static_failure(pod, n.labels, n.taints, n.unschedulable) is None:
+                ok[rows] = True
+        result = (np.flatnonzero(ok & ~self.launching), np.flatnonzero(ok & self.launching))
+        self._rows_cache[cls.index] = result
+        return result
+
+    def _node_groups(self, keys: tuple[str, ...]) -> list[IntArray]:
+        """Node rows grouped by their labels on ``keys``, taints and cordon state (cached per key set)."""
+        got = self._groups_cache.get(keys)
+        if got is None:
+            groups: dict[tuple[object, ...], list[int]] = {}
+            for i, n in enumerate(self.nodes):
+                sig = (tuple(n.labels.get(k) for k in keys), n.taints, n.unschedulable)
+                groups.setdefault(sig, []).append(i)
+            got = [np.array(v, dtype=np.int64) for v in groups.values()]
+            self._groups_cache[keys] = got
+        return got
+
+    def _prepare_scorer(self, state: ClusterState) -> None:
+        """Give the scorer the cluster and the expected workload (all pending and running pods' requests)."""
+        scoring_requests = [p.request for p in self.snapshot.pods if p.phase in ("Pending", "Running")]
+        self.scorer.prepare(state, Workload.from_requests(scoring_requests) if scoring_requests else None)
+        self._scorer_ready = True
+
+    def place(self, ctx: Context, pods: Sequence[Pod], class_of: Callable[[Pod], PodClass]) -> list[Pod]:
+        """Place pods on existing, then launching nodes; return those left."""
+        left: list[Pod] = []
+        exhausted: set[tuple[int, int]] = set()
+        for pod in pods:
+            cls = class_of(pod)
+            placed = False
+            for phase, rows in enumerate(self._rows(cls)):
+                if (cls.index, phase) in exhausted or rows.size == 0:
+                    continue
+                cand = rows[ctx.state.fits(pod.request, rows)]
+                if cand.size == 0:
+                    exhausted.add((cls.index, phase))  # capacity only shrinks during planning
+                    continue
+                if not self._scorer_ready:  # prepared on first use: most plans place nothing on existing nodes
+                    self._prepare_scorer(ctx.state)
+                i = select(self.scorer, ctx.state, pod.request, cand)
+                assert i is not None
+                ctx.state.place(pod.request, i)
+                ctx.placements[pod.key] = self.nodes[i].name
+                placed = True
+                break
+            if not placed:
+                left.append(pod)
+        return left

@@ -1,0 +1,93 @@
+"""Per pod class: the options whose template it may use, how many of its pods fit an empty node of each, and its
+reference cost (the cheapest stand-alone $/h per pod)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuscale.core.memo import Memo
+from gpuscale.core.planner.classes import PodClass, referenced_keys
+from gpuscale.core.planner.options import Option, solo_count
+from gpuscale.core.predicates import static_failure
+from gpuscale.core.state import IntArray
+
+_CLASS_OPTIONS: Memo[tuple[list[int], list[int], float]] = Memo(4096)
+"""Per (class key, option table), the same for every plan: the indices of the options the class may use, how many of
+its pods fit an empty node of each, and its reference cost (see :meth:`ClassOptions.ref_cost`)."""
+
+
+class ClassOptions:
+    """The option table of one planning run and, per class index, the options the class may use (cached)."""
+
+    def __init__(self, table: tuple[Option, ...]) -> None:
+        self._table = table
+        self.options = list(table)
+        self._opt_groups_cache: dict[tuple[str, ...], list[IntArray]] = {}
+        oa = [o.alloc for o in self.options]
+        self.opt_cpu = np.array([a.cpu_milli for a in oa], dtype=np.int64)
+        self.opt_mem = np.array([a.memory_mib for a in oa], dtype=np.int64)
+        self.opt_gpus = np.array([a.gpus for a in oa], dtype=np.int64)
+        self.opt_pods = np.array([a.pods for a in oa], dtype=np.int64)
+        self.opt_models = [o.itype.gpu_model for o in self.options]
+        self._class_opts: dict[int, tuple[list[Option], list[int], float]] = {}
+        """Per class index: its feasible options, pods per empty node of each, reference cost."""
+
+    def feasible(self, cls: PodClass) -> list[Option]:
+        """Options whose template passes the class's predicates and holds one pod (available or not)."""
+        return self._options_of(cls)[0]
+
+    def _options_of(self, cls: PodClass) -> tuple[list[Option], list[int], float]:
+        got = self._class_opts.get(cls.index)
+        if got is None:
+            indices, solos, ref = _CLASS_OPTIONS.get(lambda: self._class_options(cls), cls.key, objects=(self._table,))
+            got = self._class_opts[cls.index] = ([self.options[i] for i in indices], solos, ref)
+        return got
+
+    def _class_options(self, cls: PodClass) -> tuple[list[int], list[int], float]:
+        """(:meth:`_feasible_indices`, pods per empty node of each, reference cost) of a class."""
+        indices = self._feasible_indices(cls)
+        solos = [solo_count(self.options[i], cls.request) for i in indices]
+        costs = [
+            self.options[i].price / n
+            for i, n in zip(indices, solos, strict=True)
+            if self.options[i].unavailable_until is None
+        ]
+        return indices, solos, min(costs) if costs else 0.0
+
+    def _feasible_indices(self, cls: PodClass) -> list[int]:
+        """Indices into the option table of the options :meth:`feasible` returns."""
+        pod, r = cls.example, cls.request
+        fit = (self.opt_cpu >= r.cpu_milli) & (self.opt_mem >= r.memory_mib) & (self.opt_pods >= 1)
+        if r.gpus:
+            fit &= self.opt_gpus >= r.gpus
+        elif r.gpu_milli:
+            fit &= self.opt_gpus >= 1
+        if r.wants_gpu and r.gpu_models is not None:
+            fit &= np.array([m in r.gpu_models for m in self.opt_models], dtype=bool)
+        ok = np.zeros(len(self.options), dtype=bool)
+        for rows in self._option_groups(referenced_keys(pod)):
+            rows = rows[fit[rows]]
+            if rows.size:
+                o = self.options[int(rows[0])]
+                if static_failure(pod, o.labels, o.taints) is None:
+                    ok[rows] = True
+        return [int(i) for i in np.flatnonzero(ok)]
+
+    def _option_groups(self, keys: tuple[str, ...]) -> list[IntArray]:
+        """Options grouped by their template labels on ``keys`` and taints (cached per key set)."""
+        got = self._opt_groups_cache.get(keys)
+        if got is None:
+            groups: dict[tuple[object, ...], list[int]] = {}
+            for o in self.options:
+                groups.setdefault((tuple(o.labels.get(k) for k in keys), o.taints), []).append(o.index)
+            got = [np.array(v, dtype=np.int64) for v in groups.values()]
+            self._opt_groups_cache[keys] = got
+        return got
+
+    def solo(self, cls: PodClass) -> list[int]:
+        """Pods of the class that fit an empty node, per feasible option (cached)."""
+        return self._options_of(cls)[1]
+
+    def ref_cost(self, cls: PodClass) -> float:
+        """The cheapest stand-alone $/h per pod of the class (its value when packed)."""
+        return self._options_of(cls)[2]

@@ -1,0 +1,146 @@
+"""The greedy, cost-aware packer of the pods left onto new nodes.
+
+For the first class with pods left, each of its feasible options (highest pool weight with headroom) fills one fresh
+node with that class first, then every other class that fits; score = $/h ÷ value packed (a class's value is its
+reference cost per pod); the lowest score wins and its pattern repeats while the pods last, within the pool's room.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+from gpuscale.core.model import Pod
+from gpuscale.core.planner.bins import Bin
+from gpuscale.core.planner.classes import PodClass
+from gpuscale.core.planner.context import Context, NewNodes
+from gpuscale.core.planner.feasible import ClassOptions
+from gpuscale.core.planner.options import Option
+
+EPS = 1e-9
+
+
+class GreedyPacker:
+    """Packs pods onto new nodes of the options ``choices`` offers, trying ``candidate_types`` types per class."""
+
+    def __init__(self, choices: ClassOptions, class_of: Callable[[Pod], PodClass], candidate_types: int) -> None:
+        self.choices = choices
+        self.class_of = class_of
+        self.candidate_types = candidate_types
+
+    def pack(self, ctx: Context, pods: Sequence[Pod]) -> list[Pod]:
+        """Greedy pattern packing of ``pods`` onto new nodes. Returns the pods left without a node."""
+        order: list[PodClass] = []
+        remaining: dict[int, list[Pod]] = {}
+        for pod in pods:
+            cls = self.class_of(pod)
+            if cls.index not in remaining:
+                remaining[cls.index] = []
+                order.append(cls)
+            remaining[cls.index].append(pod)
+        compatible: dict[tuple[int, bool], list[PodClass]] = {}
+        for c in order:
+            for o in self.choices.feasible(c):
+                compatible.setdefault((o.index, c.request.wants_gpu), []).append(c)
+        left: list[Pod] = []
+        for cls in order:
+            while remaining[cls.index]:
+                choice = self._best_pattern(ctx, cls, remaining, compatible)
+                if choice is None:
+                    left.extend(remaining[cls.index])
+                    remaining[cls.index] = []
+                    break
+                opt, pattern = choice
+                reps = min(len(remaining[k]) // n for k, n in pattern.items())
+                reps = max(1, min(reps, ctx.headroom(opt.pool, opt.itype)))
+                group = NewNodes(opt, pattern, reps)
+                for _ in range(reps):
+                    node_pods: list[str] = []
+                    for k, n in pattern.items():
+                        take, remaining[k] = remaining[k][:n], remaining[k][n:]
+                        node_pods.extend(p.key for p in take)
+                    group.pods.append(node_pods)
+                ctx.add_nodes(opt, reps)
+                ctx.groups.append(group)
+        return left
+
+    def _best_pattern(
+        self,
+        ctx: Context,
+        cls: PodClass,
+        remaining: Mapping[int, list[Pod]],
+        compatible: dict[tuple[int, bool], list[PodClass]],
+    ) -> tuple[Option, dict[int, int]] | None:
+        """The cheapest-per-value way to open one node for ``cls`` (filled with whatever else fits)."""
+        n_left = len(remaining[cls.index])
+        ref = self.choices.ref_cost(cls)
+        ranked: list[tuple[float, float, int, Option]] = []
+        top_weight: int | None = None
+        room: dict[tuple[str, str], int] = {}
+        for o, solo_max in zip(self.choices.feasible(cls), self.choices.solo(cls), strict=True):
+            if o.unavailable_until is not None:
+                continue
+            rk = (o.pool.name, o.itype.name)
+            if rk not in room:
+                room[rk] = ctx.headroom(o.pool, o.itype)
+            if room[rk] <= 0:
+                continue
+            if top_weight is None or o.pool.weight > top_weight:
+                top_weight, ranked = o.pool.weight, []
+            elif o.pool.weight < top_weight:
+                continue
+            solo = min(n_left, solo_max)
+            ranked.append((o.price / (solo * ref) if ref > 0 else o.price, o.price, o.index, o))
+        if not ranked:
+            return None
+        ranked.sort(key=lambda t: t[:3])
+        best: tuple[float, float, float, int] | None = None
+        chosen: tuple[Option, dict[int, int]] | None = None
+        seen_types: set[tuple[str, str]] = set()
+        for _, _, _, o in ranked:
+            if (o.pool.name, o.itype.name) in seen_types:
+                continue
+            seen_types.add((o.pool.name, o.itype.name))
+            pattern, value = self._fill(o, cls, remaining, compatible)
+            score = o.price / value if value > EPS else math.inf
+            key = (round(score, 9), -round(value, 9), o.price, o.index)
+            if best is None or key < best:
+                best, chosen = key, (o, pattern)
+            if len(seen_types) >= self.candidate_types:
+                break
+        return chosen
+
+    def _fill(
+        self,
+        o: Option,
+        first: PodClass,
+        remaining: Mapping[int, list[Pod]],
+        compatible: dict[tuple[int, bool], list[PodClass]],
+    ) -> tuple[dict[int, int], float]:
+        """Fill one empty node of ``o`` with ``first``, then every compatible class in order; (pattern, value)."""
+        b = Bin(o.alloc, o.itype.gpu_model)
+        n = b.fit_count(first.request, len(remaining[first.index]))
+        b.add(first.request, n)
+        pattern = {first.index: n}
+        value = n * self.choices.ref_cost(first)
+        for wants_gpu in (True, False):
+            key = (o.index, wants_gpu)
+            classes = compatible.get(key, [])
+            exhausted = 0
+            for k in classes:
+                if b.pods <= 0 or b.cpu <= 0 or (wants_gpu and b.room <= 0):
+                    break
+                left = len(remaining[k.index])
+                if not left:
+                    exhausted += 1
+                    continue
+                if k.index == first.index:
+                    continue
+                n = b.fit_count(k.request, left)
+                if n:
+                    b.add(k.request, n)
+                    pattern[k.index] = n
+                    value += n * self.choices.ref_cost(k)
+            if exhausted > 16 and exhausted * 4 > len(classes):  # compact: exhausted classes never come back
+                compatible[key] = [k for k in classes if remaining[k.index]]
+        return pattern, value
