@@ -7,6 +7,9 @@
 * Taints: a pod must tolerate every ``NoSchedule`` and ``NoExecute`` taint; ``PreferNoSchedule`` never blocks.
   A toleration with an empty key and ``Exists`` tolerates everything; an empty effect matches every effect.
 * Unschedulable (cordoned) nodes take no new pods.
+* GPR workloads (gpuscale's own rule): given ``workloads`` (gprId -> ``workloadSelector``), a node labelled
+  ``gpuscale.io/gpr=<gprId>`` of a GPR listed there takes only pods whose labels match that selector (an empty
+  selector matches no pod), even a pod that tolerates the GPR's taint. Without ``workloads`` the rule is off.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from gpuscale.core.gpr.spec import GPR_LABEL
 from gpuscale.core.model import (
     Pod,
     Requirement,
@@ -94,6 +98,7 @@ class FitFailureKind(StrEnum):
     NODE_SELECTOR = "NodeSelector"
     AFFINITY = "NodeAffinity"
     TAINT = "Taint"
+    GPR_WORKLOAD = "GprWorkload"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,10 +122,36 @@ def first_failing_requirement(terms: Iterable[SelectorTerm], labels: Mapping[str
     return None
 
 
-def static_failure(
-    pod: Pod, labels: Mapping[str, str], taints: Iterable[Taint], unschedulable: bool = False
+def gpr_workload_failure(
+    pod: Pod, labels: Mapping[str, str], workloads: Mapping[str, Mapping[str, str]] | None
 ) -> FitFailure | None:
-    """The first label/taint predicate ``pod`` fails on a node with these labels and taints, or None if it passes."""
+    """Why ``pod`` may not run on a node an active GPR holds (its labels miss the GPR's ``workloadSelector``), or
+    None (no such GPR, or the pod is its workload)."""
+    if not workloads:
+        return None
+    gpr_id = labels.get(GPR_LABEL)
+    if gpr_id is None or gpr_id not in workloads:
+        return None
+    selector = workloads[gpr_id]
+    if selector and all(pod.labels.get(k) == v for k, v in selector.items()):
+        return None
+    want = ",".join(f"{k}={v}" for k, v in sorted(selector.items())) or "(empty: no pod)"
+    return FitFailure(
+        FitFailureKind.GPR_WORKLOAD,
+        f"node is held by GPR {gpr_id}; pod labels do not match its workloadSelector {want}",
+        key=GPR_LABEL,
+    )
+
+
+def static_failure(
+    pod: Pod,
+    labels: Mapping[str, str],
+    taints: Iterable[Taint],
+    unschedulable: bool = False,
+    workloads: Mapping[str, Mapping[str, str]] | None = None,
+) -> FitFailure | None:
+    """The first label/taint predicate ``pod`` fails on a node with these labels and taints, or None if it passes
+    (``workloads``: the active GPRs' workload selectors, see the module docstring)."""
     if unschedulable:
         return FitFailure(FitFailureKind.UNSCHEDULABLE, "node is cordoned (unschedulable)")
     for k, v in pod.node_selector.items():
@@ -135,10 +166,16 @@ def static_failure(
     bad = untolerated(pod.tolerations, taints)
     if bad:
         return FitFailure(FitFailureKind.TAINT, f"taint {bad[0]} not tolerated", key=bad[0].key)
-    return None
+    return gpr_workload_failure(pod, labels, workloads) if workloads else None
 
 
-def static_fit(pod: Pod, labels: Mapping[str, str], taints: Iterable[Taint], unschedulable: bool = False) -> str | None:
+def static_fit(
+    pod: Pod,
+    labels: Mapping[str, str],
+    taints: Iterable[Taint],
+    unschedulable: bool = False,
+    workloads: Mapping[str, Mapping[str, str]] | None = None,
+) -> str | None:
     """None if the pod passes every label/taint predicate on such a node, else a sentence saying which failed."""
-    failure = static_failure(pod, labels, taints, unschedulable)
+    failure = static_failure(pod, labels, taints, unschedulable, workloads)
     return None if failure is None else str(failure)

@@ -37,6 +37,7 @@ import numpy as np
 from gpuscale.controller.backend import Event, PodDisruptionBudget
 from gpuscale.core import labels as L
 from gpuscale.core.disruption import do_not_disrupt
+from gpuscale.core.gpr.spec import GPR_LABEL
 from gpuscale.core.model import Catalog, InstanceType, Node, NodePool, Offering, Pod, Taint
 from gpuscale.core.nodeclaim import REQUEST_ID_LABEL
 from gpuscale.core.predicates import static_fit
@@ -106,6 +107,8 @@ class SimCluster:
         """Node name -> template of nodes in flight (pruned when it outgrows what is in flight)."""
         self._new_pending: set[str] = set()
         self._masks: dict[tuple[object, ...], np.ndarray] = {}
+        self._gpr_workloads: dict[str, Mapping[str, str]] = {}
+        """Active GPRs' workload selectors: their nodes take only matching pods (:func:`set_gpr_workload`)."""
         self._sig_pod: dict[tuple[object, ...], Pod] = {}
         self._cap_gen = 0
         self._passed_gen = -1
@@ -201,7 +204,21 @@ class SimCluster:
         heapq.heappush(self._free_slots, i)
 
     def _static_ok(self, sig: tuple[object, ...], sn: SimNode) -> bool:
-        return static_fit(self._sig_pod[sig], sn.labels, sn.taints, sn.unschedulable) is None
+        return static_fit(self._sig_pod[sig], sn.labels, sn.taints, sn.unschedulable, self._gpr_workloads) is None
+
+    def set_gpr_workload(self, gpr_id: str, selector: Mapping[str, str] | None) -> None:
+        """From now on the nodes of GPR ``gpr_id`` take only pods matching ``selector`` (None: the GPR ended, its
+        nodes are ordinary again)."""
+        if selector is None:
+            if self._gpr_workloads.pop(gpr_id, None) is None:
+                return
+        elif self._gpr_workloads.get(gpr_id) == selector:
+            return
+        else:
+            self._gpr_workloads[gpr_id] = dict(selector)
+        for sn in list(self._nodes.values()):
+            if sn.labels.get(GPR_LABEL) == gpr_id:
+                self._node_changed(sn, more_room=selector is None)
 
     def _mask(self, sig: tuple[object, ...], pod: Pod) -> np.ndarray:
         mask = self._masks.get(sig)
@@ -688,7 +705,11 @@ class SimCluster:
                 extra = ClusterState(shapes, max_gpus=self._gmax)
             if cur.extra is None:
                 pod = sp.pod
-                static = np.fromiter((static_fit(pod, t.labels, t.taints) is None for t in tpls), bool, len(tpls))
+                static = np.fromiter(
+                    (static_fit(pod, t.labels, t.taints, False, self._gpr_workloads) is None for t in tpls),
+                    bool,
+                    len(tpls),
+                )
                 cur.extra = np.flatnonzero(extra.fits(req) & static)
             rows = cur.extra
             while cur.extra_at < rows.size and not extra.fits_one(req, int(rows[cur.extra_at])):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from gpuscale.core.gpr.spec import GPR_TAINT
 from gpuscale.core.model import InstanceType, Node, Pod, Taint
 from gpuscale.core.resources import MILLI_PER_GPU, Request, Resources
 from gpuscale.core.state import IntArray, Placement
@@ -125,8 +126,13 @@ class SimPod:
 
 
 def static_sig(pod: Pod) -> tuple[object, ...]:
-    """What the label and taint predicates read of a pod (pods with equal signatures fit the same nodes)."""
-    return (tuple(sorted(pod.node_selector.items())), pod.affinity, pod.tolerations)
+    """What the label and taint predicates read of a pod (pods with equal signatures fit the same nodes). A pod that
+    tolerates the GPR taint could pass it, so the GPR workload rule reads its labels too; other pods' labels never
+    matter (every GPR node carries the taint)."""
+    sig = (tuple(sorted(pod.node_selector.items())), pod.affinity, pod.tolerations)
+    if any(t.key == GPR_TAINT or (t.key == "" and t.operator == "Exists") for t in pod.tolerations):
+        return (*sig, tuple(sorted(pod.labels.items())))
+    return sig
 
 
 def demand(req: Request) -> float:

@@ -134,6 +134,7 @@ class GprSide:
         self._held: dict[str, str] = {}
         """Node name -> GPR id of the nodes held by a GPR, as of the last pass."""
         self._workload: dict[str, tuple[str, ...]] = {}
+        self._selectors: dict[str, Mapping[str, str]] = {}
         """GPR id -> its workload's pod keys (while they run)."""
         self._started: set[str] = set()
         self._intruders: set[str] = set()
@@ -184,7 +185,13 @@ class GprSide:
                     self.manager.release(gid)
         self.manager.reconcile()
         holding = {g.gpr_id: g for g in self.manager.list_gprs(_HOLDING)}
+        for gid in [gid for gid in self._selectors if gid not in holding]:  # its nodes are ordinary again
+            del self._selectors[gid]
+            self.cluster.set_gpr_workload(gid, None)
         for gid, g in holding.items():
+            if gid not in self._selectors:  # its nodes take only its workload (the scheduler's predicate)
+                self._selectors[gid] = g.spec.workload_selector
+                self.cluster.set_gpr_workload(gid, g.spec.workload_selector)
             if g.state is GprState.PROVISIONED:
                 self._provisioned_at.setdefault(gid, now)
                 if gid not in self._started:
