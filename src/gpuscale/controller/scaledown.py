@@ -22,6 +22,7 @@ from gpuscale.core.reconcile import (
     Evict,
     EvictBlocked,
     Outcome,
+    drain_grace_s,
     drain_step,
     find_node,
     orphan_step,
@@ -214,10 +215,25 @@ class ScaleDownSteps(ShellBase):
         if not leaving:
             return
         now = w.now
-        d = drain_step(leaving, w.by_node(), w.nodes, w.pods, w.pdbs, self._involuntary, self.deletions.retry_at, now)
+        graces = {name: p.disruption.termination_grace_period_s for name, p in self.pools.items()}
+        d = drain_step(
+            leaving,
+            w.by_node(),
+            w.nodes,
+            w.pods,
+            w.pdbs,
+            self._involuntary,
+            self.deletions.retry_at,
+            now,
+            evicting_since=self.deletions.evicting_since,
+            pool_grace_s=graces,
+        )
         for a in d.actions:
             if isinstance(a, Evict):
                 if self.backend.evict(a.pod):
+                    c = self.claims[a.key]
+                    grace = drain_grace_s(graces.get(c.pool), a.key in self._involuntary)
+                    self.deletions.evicted(a.key, now, grace)
                     result.evicted += 1
                     self._record(now, EventKind.EVICT, f"pod/{a.pod}", a.reason, f"evicted from {a.node}")
             elif isinstance(a, EvictBlocked):

@@ -239,6 +239,11 @@ class DisruptionBudget:
     reasons: tuple[str, ...] = ()
 
 
+INVOLUNTARY_GRACE_S = 120.0
+"""The drain bound of an involuntary drain when the pool sets no ``terminationGracePeriod``: a spot interruption
+notice (AWS) gives two minutes before the instance is reclaimed, and a failed node's pods run nowhere anyway."""
+
+
 @dataclass(frozen=True, slots=True)
 class Disruption:
     """A pool's scale-down and consolidation settings."""
@@ -252,6 +257,10 @@ class Disruption:
     """How long an empty node waits before removal (None: ``consolidate_after_s``). Longer than
     ``consolidate_after_s``, it keeps freshly emptied GPU nodes warm for the next pods while underused ones are still
     packed quickly."""
+    termination_grace_period_s: float | None = None
+    """How long a draining node waits for its evicted pods, counted from the first accepted eviction, before it is
+    deleted anyway (``spec.disruption.terminationGracePeriod``). None: a voluntary drain waits as long as it takes
+    and an involuntary one (spot notice, node failure) :data:`INVOLUNTARY_GRACE_S`."""
 
     def wait_s(self, empty: bool) -> float:
         """How long a node must stay a candidate before it is disrupted: empty, or underutilised."""

@@ -172,6 +172,12 @@ def _disruption() -> Schema:
             "utilizationThreshold": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.5},
             "useMeasuredGpuUtilization": {"type": "boolean", "default": False},
             "budgets": array(budget, maxItems=50),
+            "terminationGracePeriod": string(
+                "How long a draining node waits for its evicted pods, from the first accepted eviction, before it is"
+                " deleted anyway (do-not-disrupt pods still hold a voluntary drain). Unset: no limit for a voluntary"
+                " drain, 2m for a spot interruption or node failure.",
+                pattern=f"^(0|{DURATION})$",
+            ),
         },
     )
 

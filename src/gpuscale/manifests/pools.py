@@ -68,6 +68,7 @@ DISRUPTION_FIELDS = (
     "utilizationThreshold",
     "useMeasuredGpuUtilization",
     "budgets",
+    "terminationGracePeriod",
 )
 BUDGET_FIELDS = ("nodes", "schedule", "duration", "reasons")
 BUDGET_REASONS = ("Empty", "Underutilized", "Drifted")
@@ -242,6 +243,7 @@ def _disruption(doc: Doc, raw: object) -> Disruption:
     threshold = default.utilization_threshold
     measured = default.use_measured_gpu_utilization
     budgets = default.budgets
+    grace = default.termination_grace_period_s
     with doc.field():
         if m.get("consolidationPolicy") is not None:
             options = [str(p) for p in ConsolidationPolicy]
@@ -270,7 +272,11 @@ def _disruption(doc: Doc, raw: object) -> Disruption:
             budgets = tuple(
                 b for i, raw_b in enumerate(items) if (b := _budget(doc, raw_b, f"spec.disruption.budgets[{i}]"))
             )
+    with doc.field():
+        if m.get("terminationGracePeriod") is not None:
+            grace = _duration(m["terminationGracePeriod"], "spec.disruption.terminationGracePeriod")
     return Disruption(
+        termination_grace_period_s=grace,
         consolidation_policy=policy,
         consolidate_after_s=after,
         consolidate_empty_after_s=empty_after,

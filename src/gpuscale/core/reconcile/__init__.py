@@ -18,7 +18,7 @@ from gpuscale.core.reconcile.claims import (
     start_drain,
     sync_claims,
 )
-from gpuscale.core.reconcile.drain import OrphanScan, drain_step, orphan_step
+from gpuscale.core.reconcile.drain import OrphanScan, drain_grace_s, drain_step, orphan_step
 from gpuscale.core.reconcile.launching import (
     AllowFallback,
     BackOff,
@@ -85,6 +85,7 @@ __all__ = [
     "SetClaim",
     "adopt_claim",
     "advance_claim",
+    "drain_grace_s",
     "drain_step",
     "expire_deadlines",
     "find_node",
