@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -46,7 +47,7 @@ def client(server: KubeAPIServer) -> Iterator[KubeClient]:
     c.close()
 
 
-def _obj(server: KubeAPIServer) -> dict[str, object]:
+def _obj(server: KubeAPIServer) -> dict[str, Any]:
     got = server.get(RES, OBJECT_NAME)
     assert got is not None
     return got
@@ -74,11 +75,11 @@ def test_marks_are_written_once_per_flush_and_read_back(server: KubeAPIServer, c
     assert calls == [("create", RBAC), ("patch", RBAC), ("patch", f"{RBAC}/status")]  # read at start: absent
 
     obj = _obj(server)
-    assert obj["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "gpuscale"}  # type: ignore[index]
-    entries = obj["spec"]["unavailable"]  # type: ignore[index]
+    assert obj["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "gpuscale"}
+    entries = obj["spec"]["unavailable"]
     assert {"instanceType": "g2-gpu-rtx4000a1-s", "zone": "us-ord", "capacityType": "on-demand",
             "until": _stamp(T0 + 300)} in entries  # fmt: skip
-    marks = {m["kind"]: m for m in obj["status"]["marks"]}  # type: ignore[index]
+    marks = {m["kind"]: m for m in obj["status"]["marks"]}
     assert marks["backoff"] == {"kind": "backoff", "key": "ada", "until": _stamp(T0 + 60), "failures": 1,
                                 "reason": "quota"}  # fmt: skip
     assert marks["retry"]["failures"] == 2 and marks["fallback"]["key"] == "spotty"
@@ -101,11 +102,15 @@ def test_expired_marks_are_pruned_on_flush(server: KubeAPIServer, client: KubeCl
     av.allow_fallback("spotty", T0 + 10)
     av.back_off("ada", T0, 5, 600)
     store.flush()
+    hand = [{"instanceType": "g2-gpu-rtx4000a1-s", "until": _stamp(T0 + 15)}, {"instanceType": "x", "until": "1h"}]
+    entries = [*_obj(server)["spec"]["unavailable"], *hand]
+    server.patch(RES, OBJECT_NAME, {"spec": {"unavailable": entries}})
+    store.load()
     clock.sleep(20)
     store.flush()
     obj = _obj(server)
-    assert obj["spec"]["unavailable"] == []  # type: ignore[index]
-    assert [m["kind"] for m in obj["status"]["marks"]] == ["backoff"]  # type: ignore[index]  # its count stays
+    assert obj["spec"]["unavailable"] == [hand[1]]  # a relative time is left to its writer
+    assert [m["kind"] for m in obj["status"]["marks"]] == ["backoff"]  # its count stays
 
 
 def test_a_conflicting_write_is_retried_next_round_keeping_the_other_change(
@@ -117,7 +122,7 @@ def test_a_conflicting_write_is_retried_next_round_keeping_the_other_change(
     av.mark_unavailable(ADA, T0 + 300)
     assert store.flush()
     hand = {"instanceType": "g2-gpu-rtx4000a1-s", "until": "2099-01-01T00:00:00Z"}
-    entries = [*_obj(server)["spec"]["unavailable"], hand]  # type: ignore[index]
+    entries = [*_obj(server)["spec"]["unavailable"], hand]
     server.patch(RES, OBJECT_NAME, {"spec": {"unavailable": entries}})  # a user edits meanwhile
     av.back_off("ada", T0, 60, 600)
     av.mark_unavailable(ADA, T0 + 900)
@@ -125,10 +130,10 @@ def test_a_conflicting_write_is_retried_next_round_keeping_the_other_change(
     assert store.conflicts == 1 and store.dirty
     assert store.flush()  # next round: re-read, then written on the new resourceVersion
     obj = _obj(server)
-    assert hand in obj["spec"]["unavailable"]  # type: ignore[index,operator]
-    ours = [e for e in obj["spec"]["unavailable"] if e.get("zone") == "us-ord"]  # type: ignore[index,union-attr]
+    assert hand in obj["spec"]["unavailable"]
+    ours = [e for e in obj["spec"]["unavailable"] if e.get("zone") == "us-ord"]
     assert [e["until"] for e in ours] == [_stamp(T0 + 900)]
-    assert obj["status"]["marks"][0]["key"] == "ada"  # type: ignore[index]
+    assert obj["status"]["marks"][0]["key"] == "ada"
 
 
 def test_a_hand_written_bad_entry_is_skipped_with_a_warning(server: KubeAPIServer) -> None:
@@ -172,8 +177,8 @@ def test_an_empty_offering_is_not_retried_after_a_restart_before_its_until(serve
         server.create("pods", gpu_pod("train-0"), namespace="ml")
         world.until(lambda: bool(world.proc.controller.availability.unavailable_at(world.clock.now())))
         until = world.proc.controller.availability.offerings[ADA]
-        entries = _obj(server)["spec"]["unavailable"]  # type: ignore[index]
-        assert [e["zone"] for e in entries] == ["us-ord"]  # type: ignore[index]
+        entries = _obj(server)["spec"]["unavailable"]
+        assert [e["zone"] for e in entries] == ["us-ord"]
         kwok.unavailable_types.clear()  # capacity is back, but the new process must not know it yet
         world.restart()
         assert world.proc.controller.availability.offerings[ADA] >= until
@@ -194,8 +199,8 @@ def test_a_pool_back_off_survives_a_restart(server: KubeAPIServer) -> None:
         world.until(lambda: "ada" in world.proc.controller.availability.backoffs)
         until = world.proc.controller.availability.backoffs["ada"].until
         assert until > world.clock.now() + 2
-        marks = _obj(server)["status"]["marks"]  # type: ignore[index]
-        assert [(m["kind"], m["key"]) for m in marks] == [("backoff", "ada")]  # type: ignore[index]
+        marks = _obj(server)["status"]["marks"]
+        assert [(m["kind"], m["key"]) for m in marks] == [("backoff", "ada")]
         kwok.max_nodes = None
         world.restart()
         assert world.proc.controller.availability.backed_off("ada", world.clock.now())
@@ -248,5 +253,5 @@ def test_a_mark_without_zone_is_read_but_never_rewritten(server: KubeAPIServer, 
     av.back_off("ada", T0, 60, 600)
     av.mark_unavailable(OfferingKey("g2-gpu-rtx4000a1-s", "us-sea", CapacityType.SPOT), T0 + 50)
     store.flush()
-    assert _obj(server)["spec"]["unavailable"][0] == hand  # type: ignore[index]
+    assert _obj(server)["spec"]["unavailable"][0] == hand
     assert Mark(MarkKind.BACKOFF, "ada", T0 + 60, 1, "") in store.load()

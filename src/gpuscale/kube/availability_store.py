@@ -178,7 +178,7 @@ class KubeAvailabilityStore:
 
     def _merged_entries(self, dirty: set[_Key], now: float) -> list[Any]:
         """The new ``spec.unavailable``: entries a user wrote kept as written, exact-key entries of changed marks
-        replaced, expired RFC 3339 entries dropped, new marks appended."""
+        replaced, entries whose RFC 3339 ``until`` has passed dropped, new marks appended."""
         assert self._obj is not None
         out: list[Any] = []
         written: set[str] = set()
@@ -192,8 +192,8 @@ class KubeAvailabilityStore:
                     written.add(text)
                 continue
             until = _parse_time(entry.get("until")) if isinstance(entry, dict) else None
-            if key is not None and until is not None and until <= now:
-                continue
+            if until is not None and until <= now:
+                continue  # an RFC 3339 time in the past: expired, whoever wrote it
             out.append(entry)
         for kind, text in sorted(dirty):
             mark = self._marks.get((kind, text))
