@@ -4,6 +4,9 @@ the real AWS provider against moto."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
+
 import pytest
 
 from aws_moto import REGION, MotoAws, World, build_world, shared_moto
@@ -17,7 +20,9 @@ from gpuscale.core.reconcile import BackOff, EventKind, LaunchRules, MarkUnavail
 from gpuscale.errors import InsufficientCapacity, ProviderError, QuotaExceeded, TransientProviderError
 from gpuscale.providers.aws import AwsConfig, AwsProvider
 from gpuscale.providers.aws_errors import OfferingUpdate
-from gpuscale.providers.base import LaunchRequest
+from gpuscale.providers.base import CloudNode, LaunchRequest
+from gpuscale.sim.cloud import CapacityRule, SimCloud
+from test_controller import CATALOG, FAST, Harness, gpod, gpu_pool
 
 SPOT, OD = CapacityType.SPOT, CapacityType.ON_DEMAND
 RULES = LaunchRules(unavailable_ttl_s=180.0, quota_backoff_s=60.0)
@@ -113,3 +118,49 @@ def test_fleet_errors_mark_every_named_zone_and_the_next_offering_launches(aws: 
     out = launcher.launch("r2", LaunchRequest("r2", "gpu", "g5.xlarge", REGION, SPOT), claims, pool, 11.0)
     assert out is Outcome.OK
     assert OfferingKey("g5.xlarge", REGION, SPOT) not in av.unavailable_at(11.0)
+
+
+# --- the controller on the simulator: the next round skips every named offering ---------------------------------------
+class FleetLikeCloud:
+    """The simulated cloud, launching the way an EC2 fleet does: a capacity error names every zone of the instance type
+    and capacity type that it tried (all of the catalog's), as the AWS provider's ``offerings`` do."""
+
+    def __init__(self, cloud: SimCloud) -> None:
+        self._cloud = cloud
+        self.launches: list[tuple[str, str]] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._cloud, name)
+
+    def launch(self, request: LaunchRequest) -> Sequence[CloudNode]:
+        self.launches.append((request.instance_type, request.zone))
+        try:
+            return self._cloud.launch(request)
+        except InsufficientCapacity as exc:
+            zones = sorted(
+                o.zone
+                for o in CATALOG.by_name()[request.instance_type].offerings
+                if o.capacity_type is request.capacity_type
+            )
+            exc.offerings = tuple(  # type: ignore[attr-defined]
+                OfferingKey(request.instance_type, z, request.capacity_type) for z in zones
+            )
+            raise
+
+
+def test_the_next_plan_skips_every_offering_the_error_named() -> None:
+    no_g1 = replace(FAST, capacity=(CapacityRule(0, instance_type="g1"),))
+    h = Harness([gpu_pool()], behaviour=no_g1)
+    cloud = FleetLikeCloud(h.cloud)
+    h.provider = cloud
+    h.ctrl = h.new_controller()
+    h.add(gpod("a"))
+    h.run(2.0)
+    # g1 in z1 failed naming z1 and z2: the re-plan goes to g4 at once, without trying g1 in z2
+    assert cloud.launches == [("g1", "z1"), ("g4", "z1")]
+    assert len(h.events(EventKind.LAUNCH_FAILED)) == 1
+    assert {OfferingKey("g1", z, OD) for z in ("z1", "z2")} <= set(h.ctrl.unavailable)
+    (node,) = h.alive()
+    assert node.instance_type == "g4"
+    h.run(120.0)
+    assert h.cluster.running_count() == 1
