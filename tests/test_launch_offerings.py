@@ -164,3 +164,14 @@ def test_the_next_plan_skips_every_offering_the_error_named() -> None:
     assert node.instance_type == "g4"
     h.run(120.0)
     assert h.cluster.running_count() == 1
+
+
+def test_a_partly_failed_fleet_launches_and_marks_the_zone_it_named(aws: MotoAws, world: World) -> None:
+    aws.proxy.fleet_errors[("g5.xlarge", "us-east-1a")] = ("InsufficientInstanceCapacity", "none in 1a")
+    av = Availability()
+    launcher = Launcher(provider(aws, world), av, RULES, [].append)
+    claims = ClaimTable()
+    claims["r1"] = new_claim("r1", "gpu", "g5.xlarge", REGION, OD, 0.0)
+    out = launcher.launch("r1", LaunchRequest("r1", "gpu", "g5.xlarge", REGION, OD), claims, None, 5.0)
+    assert out is Outcome.OK
+    assert av.unavailable_at(5.0) == {OfferingKey("g5.xlarge", "us-east-1a", OD): 185.0}

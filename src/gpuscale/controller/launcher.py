@@ -28,6 +28,7 @@ from gpuscale.core.reconcile import (
     RetryAt,
     SetClaim,
     judge_launch_error,
+    partial_launch_marks,
 )
 from gpuscale.errors import ProviderError
 from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, Provider
@@ -39,8 +40,19 @@ Record = Callable[[Note], None]
 def named_offerings(exc: ProviderError) -> tuple[OfferingKey, ...]:
     """The offerings a provider error names as failed: its ``offerings`` attribute (set by the AWS provider from a
     fleet's error items), each an :class:`OfferingKey` or an object with an ``offering`` one; () when it names none."""
+    return _offering_keys(getattr(exc, "offerings", None) or ())
+
+
+def reported_offerings(provider: object) -> tuple[OfferingKey, ...]:
+    """The offerings a provider reports as failed since the last call, by its optional ``availability_updates()``
+    (the AWS provider: a fleet's failed overrides, also when it launched elsewhere); () for other providers."""
+    poll = getattr(provider, "availability_updates", None)
+    return _offering_keys(poll()) if callable(poll) else ()
+
+
+def _offering_keys(items: Iterable[object]) -> tuple[OfferingKey, ...]:
     out: list[OfferingKey] = []
-    for item in getattr(exc, "offerings", None) or ():
+    for item in items:
         key = item if isinstance(item, OfferingKey) else getattr(item, "offering", None)
         if isinstance(key, OfferingKey):
             out.append(key)
@@ -138,6 +150,7 @@ class Launcher:
         try:
             nodes = list(self.provider.launch(request))
         except ProviderError as exc:
+            reported_offerings(self.provider)  # the same offerings the error names: taken from the error
             verdict = judge_launch_error(
                 key,
                 c,
@@ -152,6 +165,8 @@ class Launcher:
             for action in verdict.actions:
                 self._apply(action, claims, now)
             return verdict.outcome
+        for mark in partial_launch_marks(reported_offerings(self.provider), self.rules, now):
+            self._apply(mark, claims, now)
         live = [n for n in nodes if n.state not in (CloudNodeState.DELETING, CloudNodeState.GONE)]
         if not live:
             self._apply(BurnId(key), claims, now)

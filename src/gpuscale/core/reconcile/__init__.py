@@ -29,6 +29,7 @@ from gpuscale.core.reconcile.launching import (
     RetryAt,
     judge_launch_error,
     next_try_in,
+    partial_launch_marks,
     retry_delay,
 )
 from gpuscale.core.reconcile.records import (
@@ -93,6 +94,7 @@ __all__ = [
     "next_try_in",
     "on_provider_events",
     "orphan_step",
+    "partial_launch_marks",
     "progress_replacements",
     "retry_delay",
     "start_drain",

@@ -118,6 +118,12 @@ def _marks(offerings: tuple[OfferingKey, ...], until: float, why: str) -> list[L
     return [MarkUnavailable(o, until, why) for o in dict.fromkeys(offerings)]
 
 
+def partial_launch_marks(named: tuple[OfferingKey, ...], rules: LaunchRules, now: float) -> tuple[MarkUnavailable, ...]:
+    """The marks for the offerings a launch that succeeded elsewhere named as failed (an EC2 fleet that filled its
+    count from other zones): each is avoided for ``unavailable_ttl_s``, like a capacity error's."""
+    return tuple(MarkUnavailable(o, now + rules.unavailable_ttl_s, "capacity error") for o in dict.fromkeys(named))
+
+
 def judge_launch_error(
     key: str,
     claim: NodeClaim,
