@@ -255,3 +255,28 @@ def test_a_mark_without_zone_is_read_but_never_rewritten(server: KubeAPIServer, 
     store.flush()
     assert _obj(server)["spec"]["unavailable"][0] == hand
     assert Mark(MarkKind.BACKOFF, "ada", T0 + 60, 1, "") in store.load()
+
+
+def test_an_offering_blocked_by_hand_while_running_is_not_bought(server: KubeAPIServer) -> None:
+    world = World(server)
+    try:
+        world.round()
+        server.create(
+            RES,
+            {"apiVersion": "gpuscale.io/v1alpha1", "kind": "OfferingAvailability", "metadata": {"name": "maintenance"},
+             "spec": {"unavailable": [{"instanceType": "g2-gpu-rtx4000a1-s", "until": "10m"},
+                                      {"instanceType": "g9-no-such-type", "until": "10m"}]}},
+            namespace="",
+        )  # fmt: skip
+        world.settle()
+        server.create("pods", gpu_pod("train-0"), namespace="ml")
+        for _ in range(5):
+            world.round(1.0)
+        assert world.kwok_nodes() == []
+        assert ADA in world.proc.controller.availability.unavailable_at(world.clock.now())
+        store = world.proc.availability_store
+        assert store is not None and any("maintenance" in w and "g9-no-such-type" in w for w in store.warnings)
+        world.clock.sleep(600)
+        world.until(lambda: bool(world.kwok_nodes()))
+    finally:
+        world.close()

@@ -93,6 +93,8 @@ class KubeAvailabilityStore:
         self._obj: Obj | None = None
         """The object as last read or written (None: absent, or to be re-read)."""
         self._read = False
+        self._versions: dict[str, str] = {}
+        """Object name -> the resourceVersion :meth:`edited` last read."""
         self.conflicts = 0
         self.warnings: list[str] = []
         """Every problem ``load`` skipped (also logged and sent as Events)."""
@@ -239,23 +241,41 @@ class KubeAvailabilityStore:
         return slim(raw(got))
 
     # ------------------------------------------------------------------------------------------------ reading
-    def _spec_marks(self, obj: Obj) -> dict[OfferingKey, float]:
+    def edited(self, objects: list[Obj]) -> dict[OfferingKey, float]:
+        """The offering marks of the OfferingAvailability objects (``objects``, from the watch) that changed since
+        last seen, other than by this store's own writes: what users wrote while the controller runs. Bad entries are
+        reported as in :meth:`load`."""
+        out: dict[OfferingKey, float] = {}
+        seen: dict[str, str] = {}
+        mine = str(((self._obj or {}).get("metadata") or {}).get("resourceVersion", ""))
+        for obj in objects:
+            meta = obj.get("metadata") or {}
+            name, rv = str(meta.get("name", "")), str(meta.get("resourceVersion", ""))
+            seen[name] = rv
+            if self._versions.get(name) == rv or (name == self.name and rv == mine):
+                continue
+            for key, until in self._spec_marks(obj, name).items():
+                out[key] = max(until, out.get(key, until))
+        self._versions = seen
+        return out
+
+    def _spec_marks(self, obj: Obj, name: str | None = None) -> dict[OfferingKey, float]:
         """Every readable ``spec.unavailable`` entry (each read on its own, so one bad entry skips only itself)."""
         out: dict[OfferingKey, float] = {}
         entries = (obj.get("spec") or {}).get("unavailable")
         if not isinstance(entries, list):
             if entries is not None:
-                self._warn("spec.unavailable is not a list")
+                self._warn("spec.unavailable is not a list", obj)
             return out
         types = self.catalog.by_name()
         now = self.clock.now()
         for i, entry in enumerate(entries):
-            doc = Doc(source=f"OfferingAvailability {self.name}", index=1, line=None, problems=[])
-            one = {"metadata": {"name": self.name}, "spec": {"unavailable": [entry]}}
+            doc = Doc(source=f"OfferingAvailability {name or self.name}", index=1, line=None, problems=[])
+            one = {"metadata": {"name": name or self.name}, "spec": {"unavailable": [entry]}}
             got = read_availability(doc, one, types, now)
             if got is None:
                 for p in doc.problems:
-                    self._warn(str(p).replace("spec.unavailable[0]", f"spec.unavailable[{i}]"))
+                    self._warn(str(p).replace("spec.unavailable[0]", f"spec.unavailable[{i}]"), obj)
                 continue
             for key, until in got.items():
                 out[key] = max(until, out.get(key, until))
@@ -283,10 +303,12 @@ class KubeAvailabilityStore:
             return None
         return Mark(kind, key, until, failures, str(value.get("reason") or ""))
 
-    def _warn(self, message: str) -> None:
-        where = f"OfferingAvailability {self.name}"
+    def _warn(self, message: str, obj: Obj | None = None) -> None:
+        about = obj if obj is not None else self._obj
+        name = str(((about or {}).get("metadata") or {}).get("name") or self.name)
+        where = f"OfferingAvailability {name}"
         text = message if message.startswith(where) else f"{where}: {message}"
         self.warnings.append(text)
         log.warning("%s", text)
-        if self.events is not None and self._obj is not None:
-            self.events.object_event(self._obj, "BadAvailabilityEntry", "Warning", message)
+        if self.events is not None and about is not None:
+            self.events.object_event(about, "BadAvailabilityEntry", "Warning", message)

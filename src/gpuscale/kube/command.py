@@ -239,6 +239,10 @@ class ControllerProcess:
             self.scalers.reconcile()
             if self.endpoints is not None:
                 self.endpoints.metrics.observe_scalers(self.scalers.replicas, self.scalers.granted_gpus)
+        if self.availability_store is not None:  # offerings users blocked by hand since the last round
+            edited = self.availability_store.edited(self.cache.objects("offeringavailabilities"))
+            for key, until in edited.items():
+                self.controller.availability.mark_unavailable(key, until, "OfferingAvailability")
         result = self.controller.reconcile()
         self._serve_gprs()
         self._write_pool_status()
