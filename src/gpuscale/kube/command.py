@@ -196,7 +196,7 @@ class ControllerProcess:
                 config=config_from_env(self.env, provider=self.provider_name),
                 provider=self.provider,
                 clock=self.clock,
-                availability=self.controller.availability,
+                engine=self.controller,
             )
         return self
 
