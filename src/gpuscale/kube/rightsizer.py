@@ -83,7 +83,7 @@ class Rightsizer:
     """See the module docstring. ``write_status(obj, body)`` merges ``body`` into the scaler's status."""
 
     def __init__(self, client: KubeClient, pods: KubeCache | None, clock: Clock, events: Events,
-                 source: Callable[[str], MetricSource], write_status: Callable[[Obj, Obj], None], *,
+                 source: Callable[[str], MetricSource], write_status: Callable[[Obj, Obj], object], *,
                  every_s: float = 300.0) -> None:  # fmt: skip
         self.client = client
         self.pods = pods

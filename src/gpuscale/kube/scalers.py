@@ -385,21 +385,11 @@ class ScalerReconciler:
         mem = self._memory.get(key)
         if mem is not None and mem.written == body:
             return
-        ns, name, _ = _key(obj)
-        try:
-            self.client.run(
-                self.client.api.patch(GPUWorkloadScaler.Status, name, {"status": body}, namespace=ns,
-                                      patch_type=PatchType.MERGE),
-                verb="patch", resource="gpuworkloadscalers.gpuscale.io/status",
-            )  # fmt: skip
-        except KubeError as exc:
-            log.warning("status of %s not written: %s", key, exc.describe())
-            return
-        if mem is not None:
+        if self._merge_status(obj, body) and mem is not None:
             self._memory[key] = replace(mem, written=body)
 
-    def _merge_status(self, obj: Obj, body: Obj) -> None:
-        """Merge ``body`` into a scaler's status (the right-sizer's ``status.rightsizing``)."""
+    def _merge_status(self, obj: Obj, body: Obj) -> bool:
+        """Merge ``body`` into a scaler's status; False (and a warning) when the API server refused it."""
         ns, name, key = _key(obj)
         try:
             self.client.run(
@@ -409,6 +399,8 @@ class ScalerReconciler:
             )  # fmt: skip
         except KubeError as exc:
             log.warning("status of %s not written: %s", key, exc.describe())
+            return False
+        return True
 
     def _invalid_spec(self, obj: Obj, key: str, doc: Doc) -> None:
         message = "; ".join(str(p) for p in doc.problems)[:1000] or "the spec cannot be read"
