@@ -6,6 +6,8 @@ from gpuscale.core import labels as L
 from gpuscale.core.model import (
     CapacityType,
     Catalog,
+    Disruption,
+    DisruptionBudget,
     InstanceType,
     Node,
     NodePool,
@@ -151,3 +153,27 @@ GPR_SPEC = {
     "exitDuration": "8h",
 }
 """A GPUProvisioningRequest spec: two nodes of four RTX4000-Ada GPUs for eight hours (copy before changing)."""
+
+
+def _one_cloud_type(name: str, gpus: int, price: float) -> InstanceType:
+    return InstanceType(name, "linode", 8 * gpus, 32768 * gpus, gpus, "RTX4000-Ada", 20480,
+                        offerings=(Offering("us-ord", OD, price),))  # fmt: skip
+
+
+ONE_CLOUD = Catalog(
+    "one-cloud", (_one_cloud_type("g2-rtx4000a1-s", 1, 0.52), _one_cloud_type("g2-rtx4000a4-s", 4, 2.96))
+)
+"""Two Linode-like RTX4000-Ada types, one GPU and four: the catalog of the tests where pods and GPRs share a cloud."""
+ONE_CLOUD_FAST = CloudBehaviour(
+    launch_latency=Dist.const(5.0),
+    registration_latency=Dist.const(10.0),
+    device_plugin_delay=Dist.const(10.0),
+    deletion_latency=Dist.const(5.0),
+)
+"""A quick, deterministic simulated cloud for those tests: GPUs allocatable 25 s after a launch."""
+ONE_CLOUD_POOL = NodePool(
+    "gpu",
+    instance_types=("g2-rtx4000a1-s", "g2-rtx4000a4-s"),
+    capacity_types=(OD,),
+    disruption=Disruption(consolidate_after_s=30.0, budgets=(DisruptionBudget("100%"),)),
+)

@@ -12,43 +12,24 @@ from typing import Any
 
 import pytest
 
+from builders import ONE_CLOUD as CATALOG
+from builders import ONE_CLOUD_FAST as FAST
+from builders import ONE_CLOUD_POOL as POOL
 from builders import pod
 from gpuscale.clock import Clock
 from gpuscale.controller.config import ControllerConfig
 from gpuscale.controller.gprnodes import request_of
 from gpuscale.controller.loop import Controller, EventKind
 from gpuscale.core.gpr import GprState, gpr_toleration, is_gpr_request_id
-from gpuscale.core.model import CapacityType, Catalog, Disruption, DisruptionBudget, InstanceType, NodePool, Offering
 from gpuscale.core.nodeclaim import ClaimPhase
 from gpuscale.core.plan import PlannerConfig
 from gpuscale.errors import ProviderError
 from gpuscale.gpr.manager import GprManager
 from gpuscale.gpr.store import GprStore
-from gpuscale.sim.cloud import CloudBehaviour, SimCloud
+from gpuscale.sim.cloud import SimCloud
 from gpuscale.sim.cluster import SimCluster
-from gpuscale.sim.engine import Dist, Engine
+from gpuscale.sim.engine import Engine
 
-OD = CapacityType.ON_DEMAND
-
-
-def _it(name: str, gpus: int, price: float) -> InstanceType:
-    return InstanceType(name, "linode", 8 * gpus, 32768 * gpus, gpus, "RTX4000-Ada", 20480,
-                        offerings=(Offering("us-ord", OD, price),))  # fmt: skip
-
-
-CATALOG = Catalog("one-cloud", (_it("g2-rtx4000a1-s", 1, 0.52), _it("g2-rtx4000a4-s", 4, 2.96)))
-FAST = CloudBehaviour(
-    launch_latency=Dist.const(5.0),
-    registration_latency=Dist.const(10.0),
-    device_plugin_delay=Dist.const(10.0),
-    deletion_latency=Dist.const(5.0),
-)
-POOL = NodePool(
-    "gpu",
-    instance_types=("g2-rtx4000a1-s", "g2-rtx4000a4-s"),
-    capacity_types=(OD,),
-    disruption=Disruption(consolidate_after_s=30.0, budgets=(DisruptionBudget("100%"),)),
-)
 SPEC = {
     "requestName": "train",
     "gpuShape": "RTX4000-Ada",
