@@ -93,6 +93,7 @@ VALID: dict[str, list[Any]] = {
     "enableEviction": BOOL_OK,
     "requeueOnFailure": BOOL_OK,
     "enableDynamicNodePool": BOOL_OK,
+    "releasePolicy": ["Consolidate", "Delete", "", "  ", None],
     "workloadSelector": [None, {}, {"matchLabels": {}}, {"matchLabels": {"app": "x", "gpuscale.io/job": "a" * 63}}],
 }
 INVALID: dict[str, list[Any]] = {
@@ -112,6 +113,7 @@ INVALID: dict[str, list[Any]] = {
     "enableEviction": BOOL_BAD,
     "requeueOnFailure": BOOL_BAD,
     "enableDynamicNodePool": BOOL_BAD,
+    "releasePolicy": ["delete", "Keep", "x" * 129, *TEXT_BAD],
     "workloadSelector": [
         "app=x",
         {"matchLabels": None},

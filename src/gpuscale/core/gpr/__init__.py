@@ -31,7 +31,9 @@ only when none is left.
 
 Nodes serving a GPR carry the label and ``NoSchedule`` taint ``gpuscale.io/gpr=<gprId>`` (:func:`gpr_node_labels`,
 :func:`gpr_node_taints`); only pods matching ``workloadSelector`` and tolerating the taint belong there
-(:func:`admits_pod`).
+(:func:`admits_pod`). Nodes launched for a GPR also carry :data:`RELEASE_POLICY_LABEL` (its ``releasePolicy``): when
+the GPR ends they return to their pool (``Consolidate``) or are deleted (``Delete``); borrowed inventory nodes are
+unlabelled and returned.
 """
 
 from gpuscale.core.durations import MAX_EGS_DURATION_TEXT as MAX_DURATION_TEXT
@@ -91,6 +93,7 @@ from gpuscale.core.gpr.schema import (
     MAX_SELECTOR_LABELS,
     PRIORITY_MAX,
     PRIORITY_MIN,
+    RELEASE_POLICIES,
     REQUEST_NAME_MAX,
     SPEC_ALIASES,
     SPEC_FIELDS,
@@ -108,6 +111,7 @@ from gpuscale.core.gpr.spec import (
     KIND,
     MAX_EXIT_CEILING_S,
     MAX_REPORTED,
+    RELEASE_POLICY_LABEL,
     REQUEST_ID_PREFIX,
     SHORT_NAME,
     FieldError,
@@ -150,6 +154,8 @@ __all__ = [
     "MAX_SELECTOR_LABELS",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
+    "RELEASE_POLICIES",
+    "RELEASE_POLICY_LABEL",
     "REQUEST_ID_PREFIX",
     "REQUEST_NAME_MAX",
     "SHORT_NAME",

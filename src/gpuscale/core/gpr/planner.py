@@ -22,7 +22,7 @@ from gpuscale.core.gpr.lifecycle import (
     gpr_node_taints,
     transition,
 )
-from gpuscale.core.gpr.spec import GprSpec, format_timestamp
+from gpuscale.core.gpr.spec import RELEASE_POLICY_LABEL, GprSpec, format_timestamp
 from gpuscale.core.gpr.validation import (
     allowed_models,
     candidate_offerings,
@@ -205,7 +205,7 @@ def _pick_nodes(spec: GprSpec, free: Sequence[GprNode], n: int) -> list[GprNode]
 
 def _launch_action(g: Gpr, types: Mapping[str, InstanceType]) -> LaunchAction:
     d = g.status.node_pool_details
-    labels = {**gpr_node_labels(g.gpr_id), POOL: d.pool}
+    labels = {**gpr_node_labels(g.gpr_id), POOL: d.pool, RELEASE_POLICY_LABEL: g.spec.release_policy}
     it = types.get(d.instance_type)
     if it is not None and it.gpu_model:
         labels[GPU_PRODUCT] = it.gpu_model

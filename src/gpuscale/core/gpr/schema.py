@@ -34,6 +34,9 @@ NONBLANK_TEXT_PATTERN = rf"^[^{_CTRL}]*[^{_CTRL}\s][^{_CTRL}]*$"
 DNS1123_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 CLUSTER_PATTERN = rf"^( *|{DNS1123_SUBDOMAIN})$"
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+RELEASE_POLICIES = ("Consolidate", "Delete")
+"""Values of ``releasePolicy`` (exact spelling); the first is the default."""
+RELEASE_POLICY_PATTERN = rf"^( *|{'|'.join(RELEASE_POLICIES)})$"
 LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 
 
@@ -168,6 +171,16 @@ SPEC_SCHEMA: tuple[SpecField, ...] = (
         "boolean",
         "Nodes may be created for the request (also needs ENABLE_DYNAMIC_NODE on the controller).",
         default=True,
+    ),
+    SpecField(
+        "releasePolicy",
+        "text",
+        "gpuscale extension: what becomes of the nodes launched for the request when it is released or expires. "
+        "Consolidate (default): they return to their pool as ordinary nodes and are consolidated like any other "
+        "(after the pool's consolidateAfter when empty), so a later request can reuse them; Delete: they are drained "
+        "and deleted at once. Borrowed existing nodes are always returned, never deleted.",
+        max_length=TEXT_MAX,
+        patterns=(RELEASE_POLICY_PATTERN,),
     ),
     SpecField(
         "workloadSelector",

@@ -20,6 +20,7 @@ from gpuscale.core.gpr.schema import (
     LABEL_KEY_PATTERN,
     LABEL_VALUE_PATTERN,
     MAX_SELECTOR_LABELS,
+    RELEASE_POLICIES,
     SPEC_ALIASES,
     SPEC_FIELDS,
     TEXT_MAX,
@@ -36,6 +37,9 @@ GPR_LABEL = "gpuscale.io/gpr"
 GPR_TAINT = "gpuscale.io/gpr"
 """``NoSchedule`` taint key (value: the gprId) on every node serving a GPR; its workloads tolerate it."""
 REQUEST_ID_PREFIX = "gpr-"
+RELEASE_POLICY_LABEL = "gpuscale.io/gpr-release-policy"
+"""Label (``Consolidate`` or ``Delete``, the GPR's ``releasePolicy``) on every node launched for a GPR: the node
+controller reads it when the GPR lets the node go (and after a restart)."""
 
 
 def priority_band(priority: int) -> str:
@@ -87,6 +91,8 @@ class GprSpec:
     requeue_on_failure: bool = False
     enable_dynamic_node_pool: bool = True
     workload_selector: Mapping[str, str] = field(default_factory=dict)
+    release_policy: str = RELEASE_POLICIES[0]
+    """``Consolidate``: launched nodes return to their pool when the GPR ends; ``Delete``: they are deleted."""
 
     @property
     def total_gpus(self) -> int:
@@ -259,6 +265,10 @@ def spec_from_dict(data: Mapping[str, Any], *, max_exit_s: int = MAX_EXIT_CEILIN
     prio = r.count("priority")
     enforce = r.boolean("enforceIdleTimeOut", None)
     selector = _workload_selector(r)
+    policy = r.text("releasePolicy")
+    if policy is not None and policy not in RELEASE_POLICIES:
+        r.err("releasePolicy", f"must be {' or '.join(RELEASE_POLICIES)}, got {short_repr(policy, 40)}")
+        policy = None
     spec = GprSpec(
         request_name=name or "",
         exit_duration_s=exit_s or 0,
@@ -277,6 +287,7 @@ def spec_from_dict(data: Mapping[str, Any], *, max_exit_s: int = MAX_EXIT_CEILIN
         requeue_on_failure=bool(r.boolean("requeueOnFailure", False)),
         enable_dynamic_node_pool=bool(r.boolean("enableDynamicNodePool", True)),
         workload_selector=selector,
+        release_policy=policy or RELEASE_POLICIES[0],
     )
     if r.errors:
         raise GprValidationError(r.errors)
@@ -341,4 +352,5 @@ def spec_to_dict(spec: GprSpec) -> dict[str, Any]:
         "requeueOnFailure": spec.requeue_on_failure,
         "enableDynamicNodePool": spec.enable_dynamic_node_pool,
         "workloadSelector": {"matchLabels": dict(spec.workload_selector)},
+        "releasePolicy": spec.release_policy,
     }
