@@ -6,20 +6,19 @@ nodes of GPRs that no longer hold them (by node id, never by shrinking a pool), 
 inventory nodes, and launches nodes with the GPR's labels and taints under a request id that is deterministic per
 GPR and attempt, so a restart never doubles a launch.
 
-Insufficient capacity: a launch refused with :class:`~gpuscale.errors.CapacityError` marks that (instance type, zone)
-unavailable for ``GPR_UNAVAILABLE_TTL_S`` seconds and the same launch (same request id: a refused launch created
-nothing) is retried at once on the GPR's next candidate offering (another zone, or another type when
-``enableAutoGpuSelection`` or several types of the shape fit); only when none is left does the attempt fail. The
-marks also steer admission of queued GPRs (a GPR whose every candidate is marked waits, delayed, until one expires).
-They live in an :class:`~gpuscale.controller.availability.Availability` record, which the node controller can share
-and whose store keeps them across restarts (in memory by default).
-
-Other launch errors follow the error's :class:`~gpuscale.errors.RetryPolicy` (one retry layer; the provider never
-retries or sleeps): a rate limit is retried with the same request id after its ``Retry-After``, a transient error
-after the policy's delay doubled per attempt until its ``max_attempts`` are used up (then the attempt fails), a quota
-error after a doubling back-off; until then each pass skips that launch. An invalid request fails the attempt. The
-due times and attempt counts are kept in the same Availability record, so with a persistent store (embedded mode) a
-restarted manager keeps them.
+Launch errors are judged by the pure :func:`~gpuscale.core.reconcile.judge_gpr_launch_error`, which reads the
+error's :class:`~gpuscale.errors.RetryPolicy` in the same place as the node controller's launch verdict (one retry
+layer; the provider never retries or sleeps); the manager only carries the verdict out. A launch refused with
+:class:`~gpuscale.errors.CapacityError` marks that (instance type, zone) unavailable for ``GPR_UNAVAILABLE_TTL_S``
+seconds and the same launch (same request id: a refused launch created nothing) is retried at once on the GPR's next
+candidate offering (another zone, or another type when ``enableAutoGpuSelection`` or several types of the shape
+fit); only when none is left does the attempt fail. The marks also steer admission of queued GPRs (a GPR whose every
+candidate is marked waits, delayed, until one expires). A rate limit is retried with the same request id after its
+``Retry-After``, a transient error after the policy's delay doubled per attempt until its ``max_attempts`` are used
+up (then the attempt fails), a quota error after a doubling back-off; until then each pass skips that launch. An
+invalid request fails the attempt. Marks, due times and attempt counts live in an
+:class:`~gpuscale.controller.availability.Availability` record, which the node controller shares in engine mode and
+whose store keeps them across restarts (in memory by default).
 
 Settings (:func:`config_from_env`): ``ENABLE_DYNAMIC_NODE`` (default true; when false GPRs are served from existing
 inventory only and no provider is created or called), ``MAX_DELAYED_COUNT``, ``MAX_NODE_COUNT`` and a few
@@ -65,16 +64,15 @@ from gpuscale.core.gpr import (
     with_priority,
 )
 from gpuscale.core.model import CapacityType, Catalog, OfferingKey, Taint
-from gpuscale.core.reconcile import LaunchRules, next_try_in
-from gpuscale.errors import (
-    AuthenticationError,
-    CapacityError,
-    GpuscaleError,
-    InputError,
-    InvalidProviderRequest,
-    NotFound,
-    ProviderError,
+from gpuscale.core.reconcile import (
+    FailAttempt,
+    LaunchRules,
+    MarkUnavailable,
+    Retarget,
+    RetryLaunch,
+    judge_gpr_launch_error,
 )
+from gpuscale.errors import AuthenticationError, GpuscaleError, InputError, NotFound, ProviderError
 from gpuscale.gpr.ports import GprStorePort
 from gpuscale.gpr.store import StaleWrite, Stored, new_gpr_id
 from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, Provider, ProviderEventKind
@@ -473,33 +471,10 @@ class GprManager:
         )
         try:
             nodes = provider.launch(req) if self._engine is None else self._engine.launch_gpr_nodes(req)
-        except CapacityError as exc:
+        except ProviderError as exc:
             report.errors.append(f"launch {la.request_id}: {exc}")
             self.store.finish(jid, f"error: {exc}", now=now)
-            self.mark_unavailable(la.instance_type, la.zone)
-            nxt = self._retarget(la)
-            if nxt is None:
-                self._fail_provisioning(la.gpr_id, la.request_id, str(exc), report)
-                return
-            self._launch_next(la, nxt, report)
-            return
-        except InvalidProviderRequest as exc:
-            report.errors.append(f"launch {la.request_id}: {exc}")
-            self.store.finish(jid, f"error: {exc}", now=now)
-            self._fail_provisioning(la.gpr_id, la.request_id, str(exc), report)
-            return
-        except ProviderError as exc:  # rate limits, transient errors, quota, authentication: per the retry policy
-            self._provider_failed(exc)
-            report.errors.append(f"launch {la.request_id}: {exc}")
-            self.store.finish(jid, f"error: {exc}", now=now)
-            pending = self.availability.retry(la.request_id)
-            attempts = (pending.failures if pending is not None else 0) + 1
-            delay = next_try_in(exc, attempts, self._launch_rules)
-            if delay is not None:
-                self.availability.set_retry(la.request_id, now + delay, attempts, type(exc).__name__)
-            elif not isinstance(exc, AuthenticationError):  # the policy says this request will not succeed
-                self.availability.clear_retry(la.request_id)
-                self._fail_provisioning(la.gpr_id, la.request_id, f"{exc} (gave up after {attempts} attempts)", report)
+            self._carry_out(la, exc, now, report)
             return
         self.availability.clear_retry(la.request_id)
         report.launched.append(la.request_id)
@@ -513,6 +488,35 @@ class GprManager:
             return replace(g, status=replace(g.status, node_pool_details=replace(d, node_ids=ids)))
 
         self.store.modify(la.gpr_id, record, now=now)
+
+    def _carry_out(self, la: LaunchAction, exc: ProviderError, now: float, report: ReconcileReport) -> None:
+        """Carry out the pure verdict on the failed launch ``la`` (:func:`judge_gpr_launch_error`)."""
+        pending = self.availability.retry(la.request_id)
+        verdict = judge_gpr_launch_error(
+            exc,
+            request_id=la.request_id,
+            offering=OfferingKey(la.instance_type, la.zone, CapacityType.ON_DEMAND),
+            attempts=pending.failures if pending is not None else 0,
+            rules=self._launch_rules,
+            now=now,
+        )
+        for act in verdict.actions:
+            if isinstance(act, MarkUnavailable):
+                self.availability.mark_unavailable(act.offering, act.until, act.why)
+            elif isinstance(act, RetryLaunch):
+                self.availability.set_retry(act.request_id, act.at, act.attempts, act.why)
+            elif isinstance(act, Retarget):
+                nxt = self._retarget(la)
+                if nxt is None:
+                    self._fail_provisioning(la.gpr_id, la.request_id, act.reason, report)
+                else:
+                    self._launch_next(la, nxt, report)
+            elif isinstance(act, FailAttempt):
+                if act.clear_retry:
+                    self.availability.clear_retry(la.request_id)
+                self._fail_provisioning(la.gpr_id, la.request_id, act.reason, report)
+            else:
+                self._provider_failed(exc)
 
     def _launch_next(self, la: LaunchAction, nxt: LaunchAction, report: ReconcileReport) -> None:
         """Journal and run the launch ``nxt`` that replaces ``la`` on another offering."""

@@ -4,8 +4,9 @@ The controller (``controller/loop.py``) observes the cluster and the provider, c
 saw, the claim table, the offering availability, its settings and ``now``, and carries out the action record each
 returns (:class:`~gpuscale.core.reconcile.records.Decisions`): claims set or finished, offerings marked
 unavailable, nodes cordoned, drains started, pods evicted or held, nodes deleted, orphaned Node objects removed,
-notes. Launch errors come back as data: :func:`judge_launch_error` decides from the error's retry policy alone what
-happens next (the one retry layer). Nothing here does I/O or reads a clock.
+notes. Launch errors come back as data: :func:`judge_launch_error` (a pod's claim) and :func:`judge_gpr_launch_error`
+(a GPR's launch) decide from the error's retry policy alone what happens next, both reading it through
+:func:`read_policy` (the one retry layer). Nothing here does I/O or reads a clock.
 """
 
 from gpuscale.core.reconcile.claims import (
@@ -19,11 +20,19 @@ from gpuscale.core.reconcile.claims import (
     sync_claims,
 )
 from gpuscale.core.reconcile.drain import OrphanScan, drain_grace_s, drain_step, orphan_step
+from gpuscale.core.reconcile.gprlaunch import (
+    BlockProvider,
+    FailAttempt,
+    GprLaunchAction,
+    GprLaunchVerdict,
+    Retarget,
+    RetryLaunch,
+    judge_gpr_launch_error,
+)
 from gpuscale.core.reconcile.launching import (
     AllowFallback,
     BackOff,
     BurnId,
-    LaunchRules,
     LaunchVerdict,
     Outcome,
     RetryAt,
@@ -32,6 +41,7 @@ from gpuscale.core.reconcile.launching import (
     partial_launch_marks,
     retry_delay,
 )
+from gpuscale.core.reconcile.policy import LaunchRules, Meaning, PolicyReading, read_policy
 from gpuscale.core.reconcile.records import (
     Action,
     ClearRetry,
@@ -60,6 +70,7 @@ __all__ = [
     "Action",
     "AllowFallback",
     "BackOff",
+    "BlockProvider",
     "BurnId",
     "ClearRetry",
     "CloudNodeView",
@@ -71,17 +82,24 @@ __all__ = [
     "EventKind",
     "Evict",
     "EvictBlocked",
+    "FailAttempt",
     "FinishClaim",
     "Fleet",
+    "GprLaunchAction",
+    "GprLaunchVerdict",
     "LaunchRules",
     "LaunchVerdict",
     "MarkUnavailable",
+    "Meaning",
     "Note",
     "OrphanScan",
     "Outcome",
+    "PolicyReading",
     "ProviderEventView",
     "RemoveOrphan",
+    "Retarget",
     "RetryAt",
+    "RetryLaunch",
     "Rules",
     "SetClaim",
     "adopt_claim",
@@ -90,12 +108,14 @@ __all__ = [
     "drain_step",
     "expire_deadlines",
     "find_node",
+    "judge_gpr_launch_error",
     "judge_launch_error",
     "next_try_in",
     "on_provider_events",
     "orphan_step",
     "partial_launch_marks",
     "progress_replacements",
+    "read_policy",
     "retry_delay",
     "start_drain",
     "sync_claims",

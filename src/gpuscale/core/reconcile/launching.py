@@ -2,7 +2,8 @@
 
 This is the one retry layer: providers raise mapped errors and never retry; :func:`judge_launch_error` turns an
 error (data) into actions the launcher carries out, and a retry happens in a later round at its due time, never by
-sleeping. By the policy's kind:
+sleeping. The policy is read in one place, :func:`~gpuscale.core.reconcile.policy.read_policy` (shared with the GPR
+launch verdict); by the policy's kind:
 
 ==================  ==================================================================================================
 ``next-offering``   fail the claim, avoid the offering asked for and every offering the error names for
@@ -29,6 +30,7 @@ from enum import StrEnum
 
 from gpuscale.core.model import CapacityType, NodePool, OfferingKey
 from gpuscale.core.nodeclaim import ClaimEvent, NodeClaim, transition
+from gpuscale.core.reconcile.policy import LaunchRules, Meaning, doubled, read_policy
 from gpuscale.core.reconcile.records import EventKind, MarkUnavailable, Note, SetClaim
 from gpuscale.errors import InvalidProviderRequest, NotFound, ProviderError, RetryKind
 
@@ -48,16 +50,6 @@ class Outcome(StrEnum):
     """Not attempted: a pool limit."""
     BURNT = "burnt"
     """The request id was used before: launch again under a new id."""
-
-
-@dataclass(frozen=True, slots=True)
-class LaunchRules:
-    """The launcher's settings (``None``: the error's own :class:`~gpuscale.errors.RetryPolicy` delay)."""
-
-    unavailable_ttl_s: float = 180.0
-    quota_backoff_s: float | None = None
-    max_backoff_s: float = 600.0
-    retry_base_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,10 +135,10 @@ def judge_launch_error(
     names (an EC2 fleet's failed overrides: instance type, availability zone, capacity type), each marked
     unavailable.
     """
-    policy = exc.retry
+    reading = read_policy(exc, attempts + 1, rules)
     why = str(exc)
     obj = f"nodeclaim/{key}"
-    if policy.kind is RetryKind.NEXT_OFFERING:
+    if reading.meaning is Meaning.OFFERING_OUT:
         acts = _fail(key, claim, why, now)
         offering = OfferingKey(claim.instance_type, claim.zone, claim.capacity_type)
         acts.extend(_marks((offering, *named), now + rules.unavailable_ttl_s, "insufficient capacity"))
@@ -158,15 +150,15 @@ def judge_launch_error(
         ):
             acts.append(AllowFallback(claim.pool, now + rules.unavailable_ttl_s, announce=not fallback_active))
         return LaunchVerdict(Outcome.CAPACITY, tuple(acts))
-    if policy.kind is RetryKind.AFTER:
-        delay = policy.delay_s
+    if reading.meaning is Meaning.WAIT:
+        delay = reading.delay_s
         acts = [
             BackOff(claim.pool, delay, False, why),
             RetryAt(key, now + delay),
             Note(EventKind.LAUNCH_RETRY, obj, type(exc).__name__, why),
         ]
         return LaunchVerdict(Outcome.RETRY, tuple(acts))
-    if policy.kind is RetryKind.NEVER:
+    if reading.meaning is Meaning.REFUSED:
         if isinstance(exc, InvalidProviderRequest) and exc.field == "request_id":
             note = Note(EventKind.LAUNCH_RETRY, obj, "RequestIdUsed", f"{why}; using a new id")
             return LaunchVerdict(Outcome.BURNT, (BurnId(key), note))
@@ -175,19 +167,16 @@ def judge_launch_error(
         acts = _fail(key, claim, why, now)
         acts.append(BackOff(claim.pool, rules.max_backoff_s, True, why))
         return LaunchVerdict(Outcome.FAILED, tuple(acts))
-    # BACKOFF
-    if policy.max_attempts <= 0:  # a pool-wide limit (quota): this request fails, the pool waits
-        base = rules.quota_backoff_s if rules.quota_backoff_s is not None else policy.delay_s
+    if reading.meaning is Meaning.LIMIT:  # a pool-wide limit (quota): this request fails, the pool waits
         acts = _fail(key, claim, why, now)
-        acts.append(BackOff(claim.pool, base, True, why))
+        acts.append(BackOff(claim.pool, reading.delay_s, True, why))
         acts.extend(_marks(named, now + rules.unavailable_ttl_s, "limit exceeded"))
         return LaunchVerdict(Outcome.QUOTA, tuple(acts))
-    n = attempts + 1
-    if n >= policy.max_attempts:
+    n = reading.attempts
+    if reading.meaning is Meaning.EXHAUSTED:
         acts = _fail(key, claim, f"{why}; gave up after {n} attempts", now)
         return LaunchVerdict(Outcome.FAILED, tuple(acts))
-    base = rules.retry_base_s if rules.retry_base_s is not None else policy.delay_s
-    delay = min(rules.max_backoff_s, base * 2.0 ** (n - 1))
+    delay = reading.delay_s
     acts = [
         RetryAt(key, now + delay, n),
         Note(EventKind.LAUNCH_RETRY, obj, type(exc).__name__, f"{exc}; retry in {delay:.0f}s"),
@@ -210,16 +199,9 @@ def next_try_in(exc: ProviderError, attempts: int, rules: LaunchRules) -> float 
     ``attempts``-th failed attempt, the last with ``exc``, or None when the policy says not to retry it
     (``never``, ``next-offering``, or a retryable error's ``max_attempts`` used up). A pool-wide ``backoff``
     (``max_attempts`` = 0, a quota) is retried without limit, from ``quota_backoff_s`` or the policy's delay."""
-    policy = exc.retry
-    if policy.kind is RetryKind.AFTER:
-        return policy.delay_s
-    if policy.kind is not RetryKind.BACKOFF:
-        return None
-    n = max(1, attempts)
-    if policy.max_attempts <= 0:
-        base = rules.quota_backoff_s if rules.quota_backoff_s is not None else policy.delay_s
-    elif n >= policy.max_attempts:
-        return None
-    else:
-        base = rules.retry_base_s if rules.retry_base_s is not None else policy.delay_s
-    return min(rules.max_backoff_s, base * 2.0 ** (n - 1))
+    reading = read_policy(exc, attempts, rules)
+    if reading.meaning in (Meaning.WAIT, Meaning.RETRY):
+        return reading.delay_s
+    if reading.meaning is Meaning.LIMIT:
+        return doubled(reading.delay_s, reading.attempts, rules)
+    return None
