@@ -309,7 +309,9 @@ class Snapshot:
     """Everything the planner needs, observed at one instant.
 
     ``unavailable`` maps offerings that must not be used (e.g. after an insufficient-capacity error) to the time
-    (seconds, same clock as ``now``) until which they stay unavailable.
+    (seconds, same clock as ``now``) until which they stay unavailable. ``workloads`` maps each active GPR (one
+    holding nodes) to its ``workloadSelector``: a node labelled for it takes only pods matching it (the GPR workload
+    predicate of :mod:`gpuscale.core.predicates`; empty when no GPR is active).
     """
 
     pods: tuple[Pod, ...] = ()
@@ -317,3 +319,4 @@ class Snapshot:
     pools: tuple[NodePool, ...] = ()
     catalog: Catalog = field(default_factory=lambda: Catalog("empty", ()))
     unavailable: Mapping[OfferingKey, float] = field(default_factory=dict)
+    workloads: Mapping[str, Mapping[str, str]] = field(default_factory=dict)

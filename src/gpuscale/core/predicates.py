@@ -143,6 +143,14 @@ def gpr_workload_failure(
     )
 
 
+def matching_gprs(pod: Pod, workloads: Mapping[str, Mapping[str, str]]) -> tuple[str, ...]:
+    """The GPRs of ``workloads`` whose nodes ``pod`` may use (its labels match their selector), sorted: pods with the
+    same answer are alike for the GPR workload rule."""
+    return tuple(
+        sorted(g for g, sel in workloads.items() if sel and all(pod.labels.get(k) == v for k, v in sel.items()))
+    )
+
+
 def static_failure(
     pod: Pod,
     labels: Mapping[str, str],

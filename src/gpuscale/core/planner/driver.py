@@ -15,6 +15,7 @@ from gpuscale.core.planner.feasible import ClassOptions
 from gpuscale.core.planner.milp import improve_with_milp
 from gpuscale.core.planner.options import option_table
 from gpuscale.core.planner.packer import GreedyPacker
+from gpuscale.core.predicates import matching_gprs
 from gpuscale.core.templates import pool_totals
 
 
@@ -31,6 +32,12 @@ class Planner:
         self.classes: list[PodClass] = []
         self._class_of: dict[tuple[object, ...], PodClass] = {}
         self.pods_by_key: dict[str, Pod] = {p.key: p for p in snapshot.pods}
+        self._workloads = snapshot.workloads
+
+    def _key(self, pod: Pod) -> tuple[object, ...]:
+        """The pod's class key; while a GPR is active, also which GPRs' nodes the pod may use."""
+        key = class_key(pod)
+        return (*key, matching_gprs(pod, self._workloads)) if self._workloads else key
 
     # -- setup
     def _initial_context(self) -> Context:
@@ -40,7 +47,7 @@ class Planner:
 
     def _classify(self, pods: Iterable[Pod]) -> None:
         for pod in pods:
-            key = class_key(pod)
+            key = self._key(pod)
             cls = self._class_of.get(key)
             if cls is None:
                 cls = PodClass(len(self.classes), pod, key=key)
@@ -49,7 +56,7 @@ class Planner:
             cls.pods.append(pod)
 
     def class_of(self, pod: Pod) -> PodClass:
-        return self._class_of[class_key(pod)]
+        return self._class_of[self._key(pod)]
 
     def explain(self, ctx: Context, pod: Pod) -> Blocked:
         """Why ``pod`` got no node: the most specific reason across all pools."""

@@ -1,4 +1,5 @@
-"""Placement on the nodes the cluster already has: existing nodes first, then nodes being launched."""
+"""Placement on the nodes the cluster already has: existing nodes first, then nodes being launched. While a GPR
+is active (``Snapshot.workloads``) its nodes take only pods its ``workloadSelector`` matches."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from gpuscale.core.gpr.spec import GPR_LABEL
 from gpuscale.core.model import Node, Pod, Snapshot
 from gpuscale.core.planner.classes import PodClass, referenced_keys
 from gpuscale.core.planner.context import Context
@@ -28,6 +30,8 @@ class ExistingNodes:
         self._rows_cache: dict[int, tuple[IntArray, IntArray]] = {}
         self._groups_cache: dict[tuple[str, ...], list[IntArray]] = {}
         self._scorer_ready = False
+        self.workloads = snapshot.workloads or None
+        """The active GPRs' workload selectors (None: no GPR is active, the rule costs nothing)."""
 
     def initial_state(self) -> ClusterState:
         """The nodes' free capacity after the pods already bound to them."""
@@ -50,9 +54,12 @@ class ExistingNodes:
             return cached
         pod = cls.example
         ok = np.zeros(len(self.nodes), dtype=bool)
-        for rows in self._node_groups(referenced_keys(pod)):
+        keys = referenced_keys(pod)
+        if self.workloads:  # the class key tells apart pods the GPR rule treats differently; nodes by their GPR too
+            keys = tuple(sorted({*keys, GPR_LABEL}))
+        for rows in self._node_groups(keys):
             n = self.nodes[rows[0]]
-            if static_failure(pod, n.labels, n.taints, n.unschedulable) is None:
+            if static_failure(pod, n.labels, n.taints, n.unschedulable, self.workloads) is None:
                 ok[rows] = True
         result = (np.flatnonzero(ok & ~self.launching), np.flatnonzero(ok & self.launching))
         self._rows_cache[cls.index] = result

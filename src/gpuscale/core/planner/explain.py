@@ -1,4 +1,5 @@
-"""Why a pending pod got no node: a :class:`~gpuscale.core.plan.Blocked` reason naming the blocking requirement."""
+"""Why a pending pod got no node: a :class:`~gpuscale.core.plan.Blocked` reason naming the blocking requirement, and
+the nodes of active GPRs that refused it (:func:`gpr_refusals`)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,36 @@ from gpuscale.core.planner.classes import PodClass
 from gpuscale.core.planner.context import Context
 from gpuscale.core.planner.feasible import ClassOptions
 from gpuscale.core.planner.options import Option
-from gpuscale.core.predicates import FitFailure, FitFailureKind, static_failure
+from gpuscale.core.predicates import FitFailure, FitFailureKind, gpr_workload_failure, static_failure
 from gpuscale.core.resources import Request, Resources
+
+MAX_REFUSALS = 3
+"""GPR nodes named in a reason; more are counted."""
 
 
 def explain(snapshot: Snapshot, choices: ClassOptions, ctx: Context, cls: PodClass, pod: Pod) -> Blocked:
-    """Why ``pod`` (of class ``cls``) got no node: the most specific reason across all pools."""
+    """Why ``pod`` (of class ``cls``) got no node: the most specific reason across all pools, followed by the
+    existing nodes of active GPRs that would pass every other label and taint predicate but refuse the pod."""
+    b = _explain(snapshot, choices, ctx, cls, pod)
+    refused = gpr_refusals(snapshot, pod) if snapshot.workloads else ()
+    return b if not refused else Blocked(b.pod, b.reason, f"{b.message}; {'; '.join(refused)}")
+
+
+def gpr_refusals(snapshot: Snapshot, pod: Pod) -> tuple[str, ...]:
+    """Why the existing nodes of active GPRs refuse ``pod`` (their ``workloadSelector`` does not match it), one
+    sentence per node that passes the pod's other label and taint predicates (at most :data:`MAX_REFUSALS`, then a
+    count); () when no GPR is active."""
+    out: list[str] = []
+    for n in sorted(snapshot.nodes, key=lambda n: n.name):
+        f = gpr_workload_failure(pod, n.labels, snapshot.workloads)
+        if f is not None and static_failure(pod, n.labels, n.taints, n.unschedulable) is None:
+            out.append(f"node {n.name}{f.detail.removeprefix('node')}")
+    if len(out) > MAX_REFUSALS:
+        out[MAX_REFUSALS:] = [f"{len(out) - MAX_REFUSALS} more GPR node(s) refuse it likewise"]
+    return tuple(out)
+
+
+def _explain(snapshot: Snapshot, choices: ClassOptions, ctx: Context, cls: PodClass, pod: Pod) -> Blocked:
     req = pod.request
     if not snapshot.pools:
         return Blocked(pod.key, BlockReason.NO_POOLS, "no GPUNodePool is configured, so no node can be added")
