@@ -8,7 +8,7 @@ the claims were first added), as a scan of the whole table would. It also finds 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from gpuscale.core.nodeclaim import ClaimPhase, NodeClaim
@@ -29,6 +29,8 @@ class ClaimTable(dict[str, NodeClaim]):
         self._named: dict[str, dict[str, None]] = {}
         self.version = 0
         """Counts changes (a claim added, replaced by a different object, or removed)."""
+        self.listener: Callable[[str, NodeClaim | None], None] | None = None
+        """Told of each change: (key, new claim), or (key, None) when the claim is removed (the change feed)."""
 
     def __setitem__(self, key: str, claim: NodeClaim) -> None:
         old = dict.get(self, key)
@@ -50,6 +52,8 @@ class ClaimTable(dict[str, NodeClaim]):
                 if claim.node_name:
                     self._named.setdefault(claim.node_name, {})[key] = None
         dict.__setitem__(self, key, claim)
+        if self.listener is not None:
+            self.listener(key, claim)
 
     def _unname(self, key: str, name: str) -> None:
         keys = self._named.get(name)
@@ -64,6 +68,8 @@ class ClaimTable(dict[str, NodeClaim]):
         del self._phase_keys[old.phase][key]
         del self._order[key]
         self._unname(key, old.node_name)
+        if self.listener is not None:
+            self.listener(key, None)
 
     def pop(self, key: str, *default: Any) -> Any:
         """``dict.pop``, keeping the index."""
@@ -77,6 +83,9 @@ class ClaimTable(dict[str, NodeClaim]):
 
     def clear(self) -> None:
         """Remove every claim."""
+        if self.listener is not None:
+            for key in list(self):
+                self.listener(key, None)
         dict.clear(self)
         self.version += 1
         for keys in self._phase_keys.values():

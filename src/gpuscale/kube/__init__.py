@@ -5,7 +5,8 @@
 * :mod:`.backend`: the controller's :class:`~gpuscale.controller.backend.ClusterBackend` on that cache;
 * :mod:`.events`: Kubernetes Events for decisions; :mod:`.kwok`: the kwok provider; :mod:`.command`: the command;
 * :mod:`.scalers`: GPUWorkloadScalers and GPUBudgets reconciled, targets scaled through :mod:`.scale_client`;
-* :mod:`.rightsizer`: a scaler's ``spec.rightsizing`` applied to its target's pod template requests.
+* :mod:`.rightsizer`: a scaler's ``spec.rightsizing`` applied to its target's pod template requests;
+* :mod:`.nodeclaims`: a GPUNodeClaim per node claim, read back by a restarted controller.
 """
 
 API_VERBS: tuple[tuple[str, str], ...] = (
@@ -29,6 +30,9 @@ API_VERBS: tuple[tuple[str, str], ...] = (
     ("watch", "gpunodepools.gpuscale.io"),
     ("list", "gpunodeclaims.gpuscale.io"),
     ("watch", "gpunodeclaims.gpuscale.io"),
+    ("create", "gpunodeclaims.gpuscale.io"),
+    ("delete", "gpunodeclaims.gpuscale.io"),
+    ("patch", "gpunodeclaims.gpuscale.io/status"),
     ("list", "offeringavailabilities.gpuscale.io"),
     ("watch", "offeringavailabilities.gpuscale.io"),
     ("get", "offeringavailabilities.gpuscale.io"),
@@ -61,7 +65,8 @@ API_VERBS: tuple[tuple[str, str], ...] = (
 ``plural/subresource``). ``create nodes`` and ``patch nodes/status`` are the kwok provider's only; the scalers,
 budgets and ``scale`` subresources are :mod:`.scalers`' (a workload of another kind needs its own grant); the
 GPR objects and the pools' status are :mod:`.gpr_store`'s and :mod:`.command`'s.
-``get``/``create``/``patch`` of OfferingAvailabilities (and their status) are :mod:`.availability_store`'s. The RBAC
+``get``/``create``/``patch`` of OfferingAvailabilities (and their status) are :mod:`.availability_store`'s;
+``create``/``delete`` of GPUNodeClaims and ``patch`` of their status are :mod:`.nodeclaims`'. The RBAC
 test of the deployment checks the ClusterRole against this list (``get``/``patch`` of Deployments and StatefulSets
 are :mod:`.rightsizer`'s: ``updateMode: Recreate`` patches their pod template); the end-to-end tests check the
 adapter uses nothing else."""

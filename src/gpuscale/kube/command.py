@@ -41,6 +41,7 @@ from gpuscale.kube.gpr_store import KubeGprStore
 from gpuscale.kube.kwok import KwokConfig, KwokProvider
 from gpuscale.kube.matching import ProviderIdMatcher
 from gpuscale.kube.metrics import QueuedGpr
+from gpuscale.kube.nodeclaims import NodeClaimWriter
 from gpuscale.kube.scalers import ScalerReconciler
 from gpuscale.manifests.status import Condition, pool_status
 from gpuscale.metrics.prometheus import MetricSource
@@ -142,6 +143,10 @@ class ControllerProcess:
     """Keep offering marks and back-offs on the OfferingAvailability ``gpuscale-controller``
     (:mod:`gpuscale.kube.availability_store`); False keeps them in memory only."""
     availability_store: KubeAvailabilityStore | None = field(default=None, init=False)
+    record_claims: bool = True
+    """Keep a GPUNodeClaim per claim and restore the claims from them before the first round
+    (:mod:`gpuscale.kube.nodeclaims`); False rebuilds claims from the provider's nodes alone."""
+    nodeclaims: NodeClaimWriter | None = field(default=None, init=False)
     rounds: int = 0
     cache: KubeCache = field(init=False)
     backend: KubeBackend = field(init=False)
@@ -188,6 +193,11 @@ class ControllerProcess:
             self.backend, self.provider, self._current_pools(), self.catalog, self.clock, self.config,
             availability=availability,
         )  # fmt: skip
+        if self.record_claims:
+            attempts = self.controller.launcher.attempts
+            self.nodeclaims = NodeClaimWriter(
+                self.client, self.clock, events=self.backend.events, attempts=lambda key: attempts.get(key, 0)
+            )
         if self.gprs_enabled:
             self.gpr_store = KubeGprStore(self.client, self.cache, self.catalog, self.clock, events=self.backend.events)
             self.gpr_manager = GprManager(
@@ -243,7 +253,13 @@ class ControllerProcess:
             edited = self.availability_store.edited(self.cache.objects("offeringavailabilities"))
             for key, until in edited.items():
                 self.controller.availability.mark_unavailable(key, until, "OfferingAvailability")
+        if self.nodeclaims is not None and not self.nodeclaims.restored:  # before the first round that acts
+            nodes = {n.name: n for n in self.backend.list_nodes()}
+            if self.nodeclaims.restore(self.controller, self.cache.objects("gpunodeclaims"), nodes) is None:
+                return False
         result = self.controller.reconcile()
+        if self.nodeclaims is not None:
+            self.nodeclaims.flush()  # started on the client's loop, not waited for
         self._serve_gprs()
         self._write_pool_status()
         if self.availability_store is not None:
@@ -357,6 +373,9 @@ class ControllerProcess:
             self.backend.events.flush(2)
         if self.availability_store is not None:
             self.availability_store.flush()  # best effort: a failed write was logged
+        if self.nodeclaims is not None:
+            self.nodeclaims.flush()
+            self.nodeclaims.settle(2)
         self.client.close()
 
 

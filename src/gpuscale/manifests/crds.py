@@ -311,6 +311,11 @@ def nodeclaim_schema() -> Schema:
             "hourlyPrice": {"type": "number", "minimum": 0, "maximum": nodeclaims.MAX_PRICE},
             "replaces": string("The node this one was launched to replace, if any."),
             "requestedAt": {**TIME, "description": "When gpuscale asked the provider for the node."},
+            "pods": array(
+                string(minLength=1),
+                "The pending pods (namespace/name) the node was launched for.",
+                maxItems=nodeclaims.MAX_PODS,
+            ),
         },
         required=("requestId", "pool", "instanceType", "zone", "capacityType", "requestedAt"),
         rules=(immutable,),
@@ -323,6 +328,11 @@ def nodeclaim_schema() -> Schema:
             "nodeName": string("The Kubernetes Node name, once known."),
             "reason": string("Why the claim is in its phase."),
             "phaseSince": {**TIME, "description": "When the claim entered its phase."},
+            "launchAttempts": integer(
+                "Failed launch attempts so far (retried under the same request id).",
+                minimum=0,
+                maximum=nodeclaims.MAX_ATTEMPTS,
+            ),
         },
     )
     meta = {

@@ -4,11 +4,13 @@ A restarted controller reads these objects back (with the provider's node list) 
 node is leaked or launched twice. The object is cluster-scoped and named after the claim's launch request id:
 
 * ``spec`` (set once): ``requestId``, ``pool``, ``instanceType``, ``zone``, ``capacityType``, ``hourlyPrice``,
-  ``replaces``, ``requestedAt``;
-* ``status`` (the status subresource): ``phase``, ``providerID``, ``nodeName``, ``reason``, ``phaseSince``.
+  ``replaces``, ``requestedAt``, ``pods`` (the pending pods it was launched for, at most :data:`MAX_PODS`);
+* ``status`` (the status subresource): ``phase``, ``providerID``, ``nodeName``, ``reason``, ``phaseSince``,
+  ``launchAttempts`` (failed launch attempts so far, while Requested).
 
-Times are RFC 3339 strings in UTC. :func:`claim_object` writes a claim; :func:`read_nodeclaim` reads one back
-(strict: unknown fields are errors). The field tables below are also what ``deploy/crds/gpunodeclaim.yaml`` is
+Times are RFC 3339 strings in UTC. :func:`claim_object` writes a claim; :func:`read_record` reads one back with its
+launch attempts and :func:`read_nodeclaim` the claim alone (strict: unknown fields are errors). The writer is
+:mod:`gpuscale.kube.nodeclaims`. The field tables below are also what ``deploy/crds/gpunodeclaim.yaml`` is
 generated from (:mod:`gpuscale.manifests.crds`).
 """
 
@@ -20,18 +22,25 @@ from typing import Any
 
 from gpuscale.core.model import CapacityType
 from gpuscale.core.nodeclaim import ClaimPhase, NodeClaim
-from gpuscale.manifests.fields import as_float, as_mapping, as_str, check_fields, choice
+from gpuscale.manifests.fields import as_float, as_int, as_list, as_mapping, as_str, check_fields, choice
 from gpuscale.manifests.pools import TOP_FIELDS
 from gpuscale.manifests.problems import Doc, FieldError
 
 KIND = "GPUNodeClaim"
 API_VERSION = "gpuscale.io/v1alpha1"
-SPEC_FIELDS = ("requestId", "pool", "instanceType", "zone", "capacityType", "hourlyPrice", "replaces", "requestedAt")
-STATUS_FIELDS = ("phase", "providerID", "nodeName", "reason", "phaseSince")
+SPEC_FIELDS = (
+    "requestId", "pool", "instanceType", "zone", "capacityType", "hourlyPrice", "replaces", "requestedAt", "pods"
+)  # fmt: skip
+STATUS_FIELDS = ("phase", "providerID", "nodeName", "reason", "phaseSince", "launchAttempts")
 PHASES = tuple(str(p) for p in ClaimPhase)
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 """A request id is the object's name: a DNS label (at most 63 characters)."""
 MAX_NAME = 63
+MAX_PODS = 64
+"""Most pods a record names (a node launched for more records the first 64)."""
+MAX_ATTEMPTS = 1_000_000
+MAX_REASON = 256
+"""Longest ``status.reason`` written (a longer reason is cut)."""
 MAX_PRICE = 1_000_000.0
 """Largest hourly price accepted (far beyond any real instance)."""
 _NAME = re.compile(NAME_PATTERN)
@@ -56,8 +65,8 @@ def parse_time(value: object, path: str) -> float:
     return stamp.timestamp()
 
 
-def claim_object(claim: NodeClaim) -> dict[str, Any]:
-    """The GPUNodeClaim object recording ``claim`` (spec and status)."""
+def claim_object(claim: NodeClaim, attempts: int = 0) -> dict[str, Any]:
+    """The GPUNodeClaim object recording ``claim`` (spec and status) after ``attempts`` failed launch attempts."""
     spec: dict[str, Any] = {
         "requestId": claim.request_id,
         "pool": claim.pool,
@@ -69,26 +78,38 @@ def claim_object(claim: NodeClaim) -> dict[str, Any]:
     }
     if claim.replaces:
         spec["replaces"] = claim.replaces
+    if claim.pods:
+        spec["pods"] = list(claim.pods[:MAX_PODS])
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
         "metadata": {"name": claim.request_id, "labels": {"gpuscale.io/pool": claim.pool}},
         "spec": spec,
-        "status": claim_status(claim),
+        "status": claim_status(claim, attempts),
     }
 
 
-def claim_status(claim: NodeClaim) -> dict[str, Any]:
-    """The ``status`` of the claim's object (what a status-subresource patch sends)."""
+def claim_status(claim: NodeClaim, attempts: int = 0) -> dict[str, Any]:
+    """The ``status`` of the claim's object (what a status-subresource patch sends); empty fields are left out."""
     status: dict[str, Any] = {"phase": str(claim.phase), "phaseSince": rfc3339(claim.since)}
-    for key, value in (("providerID", claim.node_id), ("nodeName", claim.node_name), ("reason", claim.reason)):
+    reason = claim.reason[:MAX_REASON]
+    for key, value in (("providerID", claim.node_id), ("nodeName", claim.node_name), ("reason", reason)):
         if value:
             status[key] = value
+    if attempts:
+        status["launchAttempts"] = attempts
     return status
 
 
 def read_nodeclaim(doc: Doc, obj: dict[str, Any]) -> NodeClaim | None:
-    """The :class:`NodeClaim` a GPUNodeClaim object records; None if it has problems (reported to ``doc``).
+    """The :class:`NodeClaim` a GPUNodeClaim object records; None if it has problems (reported to ``doc``)."""
+    got = read_record(doc, obj)
+    return None if got is None else got[0]
+
+
+def read_record(doc: Doc, obj: dict[str, Any]) -> tuple[NodeClaim, int] | None:
+    """(the :class:`NodeClaim`, its failed launch attempts) a GPUNodeClaim object records; None if it has problems
+    (reported to ``doc``).
 
     An object without a status (created, never updated) is in phase Requested since its ``requestedAt``.
     """
@@ -134,6 +155,12 @@ def read_nodeclaim(doc: Doc, obj: dict[str, Any]) -> NodeClaim | None:
         replaces = as_str(spec.get("replaces"), "spec.replaces")
     with doc.field():
         requested = parse_time(spec.get("requestedAt"), "spec.requestedAt")
+    pods: tuple[str, ...] = ()
+    with doc.field():
+        listed = as_list(spec.get("pods"), "spec.pods")
+        if len(listed) > MAX_PODS:
+            raise FieldError("spec.pods", f"names more than {MAX_PODS} pods", len(listed), fix="keep the first ones")
+        pods = tuple(as_str(p, f"spec.pods[{i}]", required=True) for i, p in enumerate(listed))
     phase = ClaimPhase.REQUESTED
     since = requested
     node_id = node_name = reason = ""
@@ -149,9 +176,13 @@ def read_nodeclaim(doc: Doc, obj: dict[str, Any]) -> NodeClaim | None:
         node_name = as_str(status.get("nodeName"), "status.nodeName")
     with doc.field():
         reason = as_str(status.get("reason"), "status.reason")
+    attempts = 0
+    with doc.field():
+        if status.get("launchAttempts") is not None:
+            attempts = as_int(status["launchAttempts"], "status.launchAttempts", minimum=0, maximum=MAX_ATTEMPTS)
     if doc.failed:
         return None
-    return NodeClaim(
+    claim = NodeClaim(
         request_id=rid,
         pool=pool,
         instance_type=itype,
@@ -163,6 +194,8 @@ def read_nodeclaim(doc: Doc, obj: dict[str, Any]) -> NodeClaim | None:
         hourly_price=price,
         node_id=node_id,
         node_name=node_name,
+        pods=pods,
         replaces=replaces,
         reason=reason,
     )
+    return claim, attempts

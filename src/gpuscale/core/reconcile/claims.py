@@ -6,7 +6,9 @@
   (Lost, or Deleted if gpuscale was deleting it), after ``lost_grace_s`` for one launched moments ago;
 - :func:`on_provider_events`: spot interruption notices, asynchronous launch failures and failed nodes;
 - :func:`expire_deadlines`: claims past their phase's deadline fail, and their offering is avoided for a while;
-- :func:`progress_replacements`: a replaced node drains once all its replacements are initialised.
+- :func:`progress_replacements`: a replaced node drains once all its replacements are initialised;
+- :func:`restore_claims`: a restarted controller's claims from the recorded ones (its GPUNodeClaims) and the
+  provider's node list, before its first round.
 
 Each returns a :class:`~gpuscale.core.reconcile.records.Decisions`; none changes its inputs.
 """
@@ -14,7 +16,7 @@ Each returns a :class:`~gpuscale.core.reconcile.records.Decisions`; none changes
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from gpuscale.core.model import CapacityType, Node, OfferingKey
 from gpuscale.core.nodeclaim import (
@@ -42,6 +44,7 @@ from gpuscale.core.reconcile.records import (
     FinishClaim,
     Fleet,
     MarkUnavailable,
+    Note,
     ProviderEventView,
     Rules,
     SetClaim,
@@ -355,4 +358,94 @@ def progress_replacements(
                 reason,
                 f"replacement {names} {'is' if len(new) == 1 else 'are'} ready; draining",
             )
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ restarting
+@dataclass(slots=True)
+class Restored:
+    """What :func:`restore_claims` makes of the recorded claims."""
+
+    claims: dict[str, NodeClaim] = field(default_factory=dict)
+    """The claims to seed the table with, oldest request first."""
+    stale: list[str] = field(default_factory=list)
+    """Keys of records whose node is gone (the provider does not list it): their records are deleted."""
+    notes: list[Note] = field(default_factory=list)
+
+
+def restore_claim(record: NodeClaim, fleet: Fleet, rules: Rules) -> NodeClaim:
+    """``record`` with what a record does not keep recomputed: the expected capacity (the pool's template for the
+    type), the pool's deadlines, and the price when none was recorded."""
+    pool = fleet.pools.get(record.pool)
+    it = fleet.types.get(record.instance_type)
+    expected = template_allocatable(pool, it) if pool is not None and it is not None else Resources()
+    price = record.hourly_price or fleet.price(record.instance_type, record.zone, record.capacity_type)
+    return replace(record, expected=expected, deadlines=rules.deadlines_for(record.pool), hourly_price=price)
+
+
+def restore_claims(
+    records: Mapping[str, NodeClaim],
+    cloud: Sequence[CloudNodeView],
+    nodes: Mapping[str, Node],
+    fleet: Fleet,
+    rules: Rules,
+    now: float,
+    *,
+    foreign: Callable[[str], bool] | None = None,
+) -> Restored:
+    """The claim table of a restarted controller, from the recorded claims (by key) and what the provider lists.
+
+    - a record whose node the provider lists keeps its phase, reason, pods and pool (a Requested one becomes
+      Launched) and advances as its Node shows (registered, GPUs allocatable);
+    - a Requested record whose node is not listed stays Requested, with a fresh launch deadline: it is launched
+      again under the same request id (the provider's idempotency returns the node if it was made);
+    - a Launched record launched less than ``lost_grace_s`` ago stays (the listing may lag, as in a round);
+    - any other record whose node is not listed is stale: its node is gone (its record is deleted).
+
+    Records of ``foreign`` request ids (another engine's) are left alone. Provider nodes no record names are not
+    touched here: the first round adopts them (:func:`sync_claims`).
+    """
+    out = Restored()
+    by_id: dict[str, CloudNodeView] = {}
+    by_key: dict[str, CloudNodeView] = {}
+    for listed in cloud:
+        by_id.setdefault(listed.node_id, listed)
+        by_key.setdefault(listed.request_id or listed.node_id, listed)
+    d = Decisions()
+    for key, record in sorted(records.items(), key=lambda kv: (kv[1].created_at, kv[0])):
+        if foreign is not None and foreign(key.split("#", 1)[0]):
+            continue
+        claim = restore_claim(record, fleet, rules)
+        cn = by_id.get(claim.node_id) if claim.node_id else by_key.get(key)
+        name = f"node/{claim.node_name or (cn.node_name if cn is not None else '') or key}"
+        finished = claim.phase is ClaimPhase.GONE
+        if cn is not None and not finished:
+            if claim.phase is ClaimPhase.REQUESTED:
+                claim = transition(claim, ClaimEvent.LAUNCHED, now, node_id=cn.node_id, node_name=cn.node_name)
+            elif not claim.node_id or (cn.node_name and claim.node_name != cn.node_name):
+                claim = replace(claim, node_id=cn.node_id, node_name=cn.node_name or claim.node_name)
+            claim = advance_claim(claim, nodes, now, d)
+            out.claims[key] = claim
+            d.note(EventKind.ADOPTED, name, "Restored", f"claim {key} restored from its record: {claim.phase}")
+        elif claim.phase is ClaimPhase.REQUESTED:
+            out.claims[key] = replace(claim, since=now)
+            d.note(
+                EventKind.ADOPTED,
+                f"nodeclaim/{key}",
+                "Restored",
+                f"claim {key} restored Requested (its node is not listed): launched again under the same id",
+            )
+        elif claim.phase is ClaimPhase.LAUNCHED and now - claim.since < rules.lost_grace_s:
+            out.claims[key] = claim
+        else:
+            out.stale.append(key)
+            gone = claim.phase in (ClaimPhase.DELETING, ClaimPhase.GONE, ClaimPhase.FAILED)
+            d.note(
+                EventKind.GONE if gone else EventKind.LOST,
+                name,
+                "Deleted" if gone else "NodeLost",
+                f"record {key} ({claim.phase}) names a node the provider does not list: record deleted",
+                request_id=key,
+            )
+    out.notes = d.notes()
     return out

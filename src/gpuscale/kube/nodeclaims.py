@@ -1,0 +1,352 @@
+"""GPUNodeClaim objects: the cluster's record of every claim in the controller's claim table.
+
+:class:`NodeClaimWriter` follows the claim table's change feed (:attr:`ClaimTable.listener
+<gpuscale.controller.claims.ClaimTable.listener>`) and keeps one cluster-scoped ``GPUNodeClaim`` per claim, named
+by its request id (:mod:`gpuscale.manifests.nodeclaims` is the codec):
+
+- a new Requested claim's object is created at once, before the launch call of the same round is made, so a
+  controller that dies between the call and the node's listing leaves a record naming the request id;
+- every later change (phase, provider id, node name, reason, since, launch attempts) is one JSON merge patch of the
+  status subresource, of the claim's latest state only (changes made meanwhile are coalesced);
+- a claim that leaves the table (its node is gone) has its object deleted.
+
+Writes never block a round: they run on the client's loop (as Events do), at most :data:`WRITES` at a time, one at a
+time per object; a failed write is retried in a later round once its due time has come (1 s, doubling up to 60 s),
+never slept on. Claims of GPR nodes (the GPR manager keeps those on its GPRs) and keys that are not DNS labels (a
+second node of one request, ``<id>#<node id>``) are not recorded.
+
+A restarted controller calls :meth:`NodeClaimWriter.restore` before its first round: the cached objects are read
+(one that cannot be read is logged, reported as a Warning Event and ignored), matched with the provider's node list
+by :func:`gpuscale.core.reconcile.claims.restore_claims`, the table is seeded, and records of nodes that are gone are
+deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from lightkube.types import PatchType
+
+from gpuscale.clock import Clock
+from gpuscale.controller.backend import Event
+from gpuscale.core.gpr import is_gpr_request_id
+from gpuscale.core.nodeclaim import ClaimPhase, NodeClaim
+from gpuscale.core.reconcile.claims import Restored, restore_claims
+from gpuscale.core.reconcile.records import Fleet
+from gpuscale.errors import ProviderError
+from gpuscale.kube.cache import GPUNodeClaim
+from gpuscale.kube.client import KubeClient, as_kube_error
+from gpuscale.kube.events import EventRecorder
+from gpuscale.manifests.nodeclaims import MAX_NAME, NAME_PATTERN, STATUS_FIELDS, claim_object, read_record
+from gpuscale.manifests.problems import Doc
+from gpuscale.providers.base import CloudNodeState
+
+if TYPE_CHECKING:
+    from gpuscale.controller.claims import ClaimTable
+    from gpuscale.controller.loop import Controller
+    from gpuscale.core.model import Node
+
+__all__ = ["RESOURCE", "WRITES", "NodeClaimWriter", "recordable"]
+
+log = logging.getLogger(__name__)
+
+RESOURCE = "gpunodeclaims.gpuscale.io"
+WRITES = 2
+"""GPUNodeClaim writes in flight at once (they queue behind nothing a round waits for)."""
+RETRY_MIN_S = 1.0
+RETRY_MAX_S = 60.0
+_NAME = re.compile(NAME_PATTERN)
+Obj = dict[str, Any]
+
+
+def recordable(key: str) -> bool:
+    """True if the claim ``key`` gets a GPUNodeClaim: a DNS-label key that is not a GPR node's."""
+    return len(key) <= MAX_NAME and _NAME.match(key) is not None and not is_gpr_request_id(key)
+
+
+def _implied(obj: Obj) -> Obj:
+    """The status an object without one stands for: Requested since its request."""
+    return {"phase": str(ClaimPhase.REQUESTED), "phaseSince": obj["spec"]["requestedAt"]}
+
+
+def _merge(old: Obj | None, new: Obj) -> Obj:
+    """The merge patch turning status ``old`` (None: unknown) into ``new`` (fields left out are removed)."""
+    patch: Obj = {k: v for k, v in new.items() if old is None or old.get(k) != v}
+    for k in STATUS_FIELDS if old is None else old:
+        if k not in new:
+            patch[k] = None
+    return patch
+
+
+class NodeClaimWriter:
+    """Keeps a GPUNodeClaim per recordable claim of a claim table (see the module docstring). ``attempts`` gives a
+    claim's failed launch attempts (the launcher's count)."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        clock: Clock,
+        *,
+        events: EventRecorder | None = None,
+        attempts: Callable[[str], int] | None = None,
+    ) -> None:
+        self.client = client
+        self.clock = clock
+        self.events = events
+        self.attempts = attempts or (lambda key: 0)
+        self.table: ClaimTable | None = None
+        self.restored = False
+        """True once :meth:`restore` ran."""
+        self._lock = threading.Lock()
+        self._want: dict[str, Obj | None] = {}
+        """Key -> the object to have (None: no object), until a worker has written it."""
+        self._have: dict[str, Obj] = {}
+        """Key -> the status the server's object has (as last read or written)."""
+        self._bad: set[str] = set()
+        """Objects that could not be read: replaced (deleted, then created) when their key is written."""
+        self._dirty: set[str] = set()
+        self._running: set[str] = set()
+        self._retry_at: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
+        self._gate: asyncio.Semaphore | None = None
+        self._tries: dict[str, int] = {}
+        """Key -> the launch attempts last recorded (kept by the controller's thread only)."""
+        self.pending: list[Future[Any]] = []
+        self.writes = 0
+        """API calls made (creates, status patches, deletes)."""
+        self.failed = 0
+        self.warnings: list[str] = []
+        """Every record :meth:`load` could not read (also logged and sent as Events)."""
+
+    # ------------------------------------------------------------------------------------------------ the feed
+    def attach(self, table: ClaimTable) -> None:
+        """Follow ``table``'s changes."""
+        self.table = table
+        table.listener = self.changed
+
+    def changed(self, key: str, claim: NodeClaim | None) -> None:
+        """The claim table's listener: ``claim`` is ``key``'s new claim, None when it left the table. A new
+        Requested claim is written at once; anything else on the next :meth:`flush`."""
+        if not recordable(key):
+            return
+        tries = 0 if claim is None else self.attempts(key)
+        want = None if claim is None else claim_object(claim, tries)
+        if tries:
+            self._tries[key] = tries
+        else:
+            self._tries.pop(key, None)
+        with self._lock:
+            self._want[key] = want
+            start = claim is not None and claim.phase is ClaimPhase.REQUESTED and key not in self._have
+            start = start and key not in self._running and key not in self._retry_at
+            if not start:
+                self._dirty.add(key)
+                return
+            self._running.add(key)
+        self._spawn(key)
+
+    def forget(self, key: str) -> None:
+        """Delete ``key``'s object (on the next :meth:`flush`)."""
+        self.changed(key, None)
+
+    def flush(self) -> int:
+        """Start the writes that are due (changes since the last flush, failed writes whose retry time has come, and
+        launch attempts that changed); returns how many were started. Never waits for them."""
+        now = self.clock.now()
+        if self.table is not None:
+            for key, c in self.table.in_phases((ClaimPhase.REQUESTED,)):
+                if self.attempts(key) != self._tries.get(key, 0):
+                    self.changed(key, c)
+        started: list[str] = []
+        with self._lock:
+            for k in [k for k in self._dirty if k not in self._running]:
+                if self._retry_at.get(k, -float("inf")) > now:
+                    continue
+                self._dirty.discard(k)
+                if k not in self._want:
+                    continue  # written meanwhile
+                want = self._want[k]
+                if want is None and k not in self._have and k not in self._bad:
+                    del self._want[k]  # never written: nothing to delete
+                    continue
+                if want is not None and self._have.get(k) == want["status"] and k not in self._bad:
+                    del self._want[k]  # the server has it already
+                    continue
+                self._running.add(k)
+                started.append(k)
+        for k in started:
+            self._spawn(k)
+        return len(started)
+
+    @property
+    def busy(self) -> bool:
+        """Writes in flight or waiting."""
+        with self._lock:
+            return bool(self._running or self._dirty)
+
+    def settle(self, timeout: float = 5.0) -> None:
+        """Wait for the writes in flight (tests and shutdown)."""
+        for f in list(self.pending):
+            with contextlib.suppress(Exception):  # failures are logged by the worker
+                f.result(timeout)
+        self.pending = [f for f in self.pending if not f.done()]
+
+    # ------------------------------------------------------------------------------------------------ writing
+    def _spawn(self, key: str) -> None:
+        self.pending = [f for f in self.pending if not f.done()]
+        self.pending.append(self.client.spawn(self._sync(key)))
+
+    async def _sync(self, key: str) -> None:
+        """Write ``key``'s latest wanted state, then any state wanted meanwhile, one call at a time."""
+        if self._gate is None:  # made on the client's loop, where it is used
+            self._gate = asyncio.Semaphore(WRITES)
+        verb = "create"
+        try:
+            async with self._gate:
+                while True:
+                    with self._lock:
+                        if key not in self._want:
+                            self._running.discard(key)
+                            return
+                        want = self._want[key]
+                        have = self._have.get(key)
+                        bad = key in self._bad
+                    if want is None:
+                        if have is not None or bad:
+                            verb = "delete"
+                            await self._delete(key)
+                    elif have is None or bad:
+                        if bad:
+                            verb = "delete"
+                            await self._delete(key)
+                        verb = "create"
+                        have = await self._create(key, want)
+                    if want is not None and have != want["status"]:
+                        verb = "patch"
+                        have = await self._patch(key, have, want["status"])
+                    with self._lock:
+                        if self._want.get(key, self) is want:
+                            self._want.pop(key)
+                            self._running.discard(key)
+                            self._retry_at.pop(key, None)
+                            self._failures.pop(key, None)
+                            return
+        except asyncio.CancelledError:
+            with self._lock:
+                self._running.discard(key)
+            raise
+        except Exception as exc:  # the server refused or cannot be reached: a later round retries
+            err = as_kube_error(exc, verb, RESOURCE + ("/status" if verb == "patch" else ""))
+            with self._lock:
+                n = self._failures.get(key, 0) + 1
+                self._failures[key] = n
+                self._retry_at[key] = self.clock.now() + min(RETRY_MAX_S, RETRY_MIN_S * 2 ** (n - 1))
+                self._running.discard(key)
+                self._dirty.add(key)
+                self.failed += 1
+            log.info("GPUNodeClaim %s not written (retried later): %s", key, err.describe())
+
+    async def _create(self, key: str, want: Obj) -> Obj | None:
+        """Create the object; the status it stands for afterwards (None: an object that was there already, whose
+        status is unknown)."""
+        self.writes += 1
+        try:
+            await self.client.api.create(GPUNodeClaim.from_dict(want))
+        except Exception as exc:
+            if as_kube_error(exc, "create", RESOURCE).status != 409:
+                raise
+            with self._lock:
+                self._have.pop(key, None)
+            return None
+        status = _implied(want)
+        with self._lock:
+            self._have[key] = status
+            self._bad.discard(key)
+        return status
+
+    async def _patch(self, key: str, have: Obj | None, status: Obj) -> Obj | None:
+        self.writes += 1
+        body = {"status": _merge(have, status)}
+        try:
+            await self.client.api.patch(GPUNodeClaim.Status, key, body, patch_type=PatchType.MERGE)
+        except Exception as exc:
+            if as_kube_error(exc, "patch", RESOURCE + "/status").status != 404:
+                raise
+            with self._lock:  # deleted by someone else: created again by the next pass
+                self._have.pop(key, None)
+            return None
+        with self._lock:
+            self._have[key] = status
+        return status
+
+    async def _delete(self, key: str) -> None:
+        self.writes += 1
+        try:
+            await self.client.api.delete(GPUNodeClaim, key)
+        except Exception as exc:
+            if as_kube_error(exc, "delete", RESOURCE).status != 404:
+                raise
+        with self._lock:
+            self._have.pop(key, None)
+            self._bad.discard(key)
+
+    # ------------------------------------------------------------------------------------------------ reading
+    def load(self, objects: Iterable[Obj]) -> tuple[dict[str, NodeClaim], dict[str, int]]:
+        """The claims (by key) and failed launch attempts the ``objects`` record; remembers what the server has. An
+        object that cannot be read is logged, reported as a Warning Event and left out."""
+        claims: dict[str, NodeClaim] = {}
+        attempts: dict[str, int] = {}
+        for obj in objects:
+            name = str((obj.get("metadata") or {}).get("name", ""))
+            doc = Doc(source=f"GPUNodeClaim {name}", index=1, line=None, problems=[])
+            got = read_record(doc, obj)
+            if got is None:
+                text = "; ".join(str(p) for p in doc.problems) or "unreadable"
+                self.warnings.append(f"GPUNodeClaim {name}: {text}")
+                log.warning("GPUNodeClaim %s ignored: %s", name, text)
+                if self.events is not None:
+                    self.events.object_event(obj, "BadNodeClaim", "Warning", f"ignored by the controller: {text}")
+                with self._lock:
+                    self._bad.add(name)
+                continue
+            claim, n = got
+            claims[name] = claim
+            attempts[name] = n
+            with self._lock:
+                self._have[name] = dict(obj.get("status") or _implied(obj))
+        return claims, attempts
+
+    def restore(self, controller: Controller, objects: Iterable[Obj], nodes: Mapping[str, Node]) -> Restored | None:
+        """Seed ``controller``'s empty claim table from the GPUNodeClaim ``objects`` and the provider's node list,
+        delete the records of nodes that are gone, and follow the table from now on. None (nothing done; call again
+        next round) when the provider cannot list its nodes."""
+        now = self.clock.now()
+        try:
+            cloud = [c for c in controller.provider.list_nodes() if c.state is not CloudNodeState.GONE]
+        except ProviderError as exc:
+            log.warning("claims not restored yet (the provider's node list failed): %s", exc)
+            return None
+        records, attempts = self.load(objects)
+        fleet = Fleet(controller.pools, controller.catalog.by_name())
+        rules = controller.config.rules()
+        restored = restore_claims(records, cloud, nodes, fleet, rules, now, foreign=is_gpr_request_id)
+        self.attach(controller.claims)
+        for key, claim in restored.claims.items():
+            if attempts.get(key):
+                controller.launcher.attempts[key] = attempts[key]
+            controller.claims[key] = claim
+        for key in restored.stale:
+            self.forget(key)
+        for note in restored.notes:
+            controller.backend.record(Event(now, str(note.kind), note.object, note.reason, note.message, note.data))
+        self.restored = True
+        log.info("claims restored from %d GPUNodeClaim(s): %d kept, %d stale", len(records), len(restored.claims),
+                 len(restored.stale))  # fmt: skip
+        return restored
