@@ -415,6 +415,11 @@ def explain_cmd(snapshot: str, pod: str, catalog: str, region: str | None, verbo
             f"{target.key} triggers a scale-up: pool {launch.pool}, {launch.instance_type} "
             f"({launch.capacity_type}, {launch.zone}), node {where}, ${launch.hourly_cost / launch.count:.2f}/h."
         )
+        if snap.workloads:  # the nodes of active GPRs it may not use
+            from gpuscale.core.planner.explain import gpr_refusals
+
+            for why in gpr_refusals(snap, target):
+                click.echo(f"not on existing nodes: {why}")
     else:
         click.echo(f"{target.key} fits the existing node {where}; no scale-up needed.")
 

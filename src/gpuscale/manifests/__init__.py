@@ -4,7 +4,8 @@ Input: one or more YAML documents, each a Kubernetes object or a ``List`` (``kin
 as ``kubectl get pods,nodes -o yaml`` prints them, plus gpuscale's own kinds. Read kinds:
 
 * ``v1/Pod`` (:mod:`.pods`), ``v1/Node`` (:mod:`.nodes`);
-* ``gpuscale.io/v1alpha1`` ``GPUNodePool`` (:mod:`.pools`) and ``OfferingAvailability`` (:mod:`.availability`).
+* ``gpuscale.io/v1alpha1`` ``GPUNodePool`` (:mod:`.pools`), ``OfferingAvailability`` (:mod:`.availability`) and
+  ``GPUProvisioningRequest`` (:mod:`.gprs`: the workload selectors of GPRs holding nodes).
 
 Other kinds and completed pods are skipped with a note. Every problem of a file is collected and raised as one
 :class:`~gpuscale.manifests.problems.ManifestError` (an :class:`~gpuscale.errors.InputError`) whose lines name the
@@ -25,6 +26,7 @@ from gpuscale.core.model import Catalog, InstanceType, Node, NodePool, OfferingK
 from gpuscale.errors import InputError
 from gpuscale.inputs import GuardedLoader, compose_documents, construct, paused_gc, read_text, yaml_error
 from gpuscale.manifests.availability import read_availability
+from gpuscale.manifests.gprs import read_gpr_workload
 from gpuscale.manifests.nodes import read_node
 from gpuscale.manifests.pods import read_pod
 from gpuscale.manifests.pools import read_pool
@@ -37,7 +39,7 @@ log = logging.getLogger(__name__)
 API_GROUP = "gpuscale.io"
 API_VERSION = f"{API_GROUP}/v1alpha1"
 CORE_KINDS = ("Pod", "Node")
-OWN_KINDS = ("GPUNodePool", "OfferingAvailability")
+OWN_KINDS = ("GPUNodePool", "OfferingAvailability", "GPUProvisioningRequest")
 YAML_SUFFIXES = (".yaml", ".yml", ".json")
 
 
@@ -160,6 +162,7 @@ class _Builder:
     nodes: list[tuple[Node, str]] = field(default_factory=list)
     pools: list[tuple[NodePool, str]] = field(default_factory=list)
     unavailable: dict[OfferingKey, float] = field(default_factory=dict)
+    workloads: dict[str, dict[str, str]] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
     types: dict[str, InstanceType] = field(init=False)
     zones: frozenset[str] = field(init=False)
@@ -208,6 +211,10 @@ class _Builder:
             got = read_availability(doc, data, self.types, self.now)
             for key, until in (got or {}).items():
                 self.unavailable[key] = max(until, self.unavailable.get(key, until))
+        elif kind == "GPUProvisioningRequest":
+            held = read_gpr_workload(doc, data)
+            if held is not None:
+                self.workloads[held[0]] = held[1]
         else:
             self.notes.add(f"ignored {kind} objects (not read by gpuscale)")
 
@@ -247,6 +254,7 @@ class _Builder:
             pools=tuple(p for p, _ in self.pools),
             catalog=self.catalog,
             unavailable=dict(self.unavailable),
+            workloads=dict(self.workloads),
         )
 
     def _check_unique(self, what: str, keyed: list[tuple[str, str]]) -> None:
