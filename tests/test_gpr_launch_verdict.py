@@ -4,9 +4,12 @@ the ProviderError tree, and the one policy reading (read_policy) it shares with 
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from builders import ONE_CLOUD, ONE_CLOUD_FAST
 from gpuscale import errors
 from gpuscale.core.model import CapacityType, OfferingKey
 from gpuscale.core.nodeclaim import new_claim
@@ -27,6 +30,8 @@ from gpuscale.core.reconcile import (
     read_policy,
 )
 from gpuscale.errors import ProviderError
+from gpuscale.sim.cloud import CapacityRule, SimCloud
+from test_engine_gprs import SPEC, _Rig
 
 RULES = LaunchRules(unavailable_ttl_s=300.0, max_backoff_s=600.0)
 OFFER = OfferingKey("g1-gpu-rtx6000-1", "us-ord", CapacityType.ON_DEMAND)
@@ -144,3 +149,20 @@ def test_both_verdicts_read_the_policy_alike(cls: type[ProviderError], attempts:
     assert (delay is None) == (not gpr_retry)
     if gpr_retry:
         assert gpr_retry[0].at == NOW + delay
+
+
+def test_in_engine_mode_a_capacity_verdict_marks_the_controllers_availability(tmp_path: Path) -> None:
+    """The manager carries the verdict out through the availability record it shares with the node controller: the
+    offering refused for a GPR is avoided by the controller's own launches too."""
+    rig = _Rig(tmp_path)
+    refuse = CapacityRule(max_nodes=0, instance_type="g2-rtx4000a1-s", end=1e9)
+    rig.cloud = SimCloud(rig.engine, ONE_CLOUD, replace(ONE_CLOUD_FAST, capacity=(refuse,)), seed=1,
+                         listener=rig.cluster)  # fmt: skip
+    rig.restart()
+    gid = rig.manager.create({**SPEC, "numberOfGPUNodes": 1}).gpr_id
+    rig.run(4.0)
+    marked = rig.ctrl.availability.unavailable_at(rig.engine.now())
+    assert OfferingKey("g2-rtx4000a1-s", "us-ord", CapacityType.ON_DEMAND) in marked
+    assert rig.manager.availability is rig.ctrl.availability
+    d = rig.manager.get(gid).status.node_pool_details  # retargeted at once, under the same request id
+    assert (d.instance_type, d.request_id, len(d.node_ids)) == ("g2-rtx4000a4-s", f"{gid}-a0", 1)
