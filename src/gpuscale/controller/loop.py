@@ -50,13 +50,13 @@ from gpuscale.controller.consolidation import ConsolidationGate
 from gpuscale.controller.deletions import Deletions
 from gpuscale.controller.gprnodes import GprNodes, GprSteps
 from gpuscale.controller.launcher import Launcher
+from gpuscale.controller.rounds import Observation, Replacements, Reports, ScaleUpState
 from gpuscale.controller.scaledown import ScaleDownSteps
 from gpuscale.controller.scaleup import PlanFn, ScaleUpSteps
 from gpuscale.controller.shell import ReconcileResult, World
 from gpuscale.core import labels as L
-from gpuscale.core.disruption import DisruptionAction
 from gpuscale.core.gpr import is_gpr_request_id
-from gpuscale.core.model import Catalog, InstanceType, Node, NodePool, OfferingKey
+from gpuscale.core.model import Catalog, Node, NodePool, OfferingKey
 from gpuscale.core.nodeclaim import TIMED_PHASES, ClaimPhase, deadline
 from gpuscale.core.plan import ScaleUpPlan
 from gpuscale.core.reconcile import (
@@ -68,7 +68,7 @@ from gpuscale.core.reconcile import (
     sync_claims,
 )
 from gpuscale.errors import ProviderError
-from gpuscale.providers.base import CloudNode, CloudNodeState, Provider
+from gpuscale.providers.base import CloudNodeState, Provider
 
 __all__ = ["Controller", "ControllerConfig", "EventKind", "PlanFn", "ReconcileResult", "make_controller"]
 
@@ -113,54 +113,47 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
         self.catalog = catalog
         self.clock = clock
         self.config = config or ControllerConfig()
-        self._plan_fn: PlanFn = planner or _default_planner()
-        self._types: dict[str, InstanceType] = catalog.by_name()
+        self._fleet = Fleet(self.pools, catalog.by_name())
+        """What may be launched: the pools and instance types by name."""
+        self._rules = self.config.rules()
         self.claims = ClaimTable()
         """Live node claims by request id (indexed by phase)."""
         self.availability = availability if availability is not None else Availability()
         """Offerings not to be bought, pool back-offs and spot fallbacks, each until a time (kept by its store across
-        restarts)."""
+        restarts; shared with the launcher and possibly the GPR manager)."""
         self.availability.expire(clock.now())
-        self._rules = self.config.rules()
-        self._fleet = Fleet(self.pools, self._types)
-        self._now = clock.now()
-        """The time of the current round (notes from the launcher are stamped with it)."""
+        self.observed = Observation(foreign)
+        """The round's time, the last node and cloud lists, the claim sync's shortcut, the wake-up times."""
+        self.observed.now = clock.now()
         self.launcher = Launcher(
             provider, self.availability, self.config.launch_rules(), self._note, prefix=self.config.request_id_prefix
         )
         """Request ids, launches and their retries at due times."""
-        self._involuntary: set[str] = set()
-        self._replacements: dict[str, tuple[tuple[str, ...], DisruptionAction]] = {}
-        self.batch = PendingBatch(self.config.batch_idle_s, self.config.batch_max_s)
-        """The batch window of pending pods."""
-        self._force_plan = False
-        self._last_plan_at = -math.inf
-        self._last_signature: object = None
-        self._planned_on_node: dict[str, str] = {}
-        self._unlisted: set[str] = set()
-        self._listed_nodes: tuple[object, dict[str, Node]] = (None, {})
-        self._listed_cloud: tuple[object, list[CloudNode]] = (None, [])
-        """The last node and cloud lists as returned (when immutable tuples) and as observed: the same tuple again
-        is observed without looking at each node."""
-        self._synced: tuple[object, int] | None = None
-        """(cloud list, claim table version) after a claim sync that left nothing to wait for."""
-        self._static_blocked: set[str] = set()
-        self._foreign = foreign
-        """Request ids another engine owns (default: the GPR manager's): their nodes are never adopted, until the GPR
-        manager hands its launches to this controller (:meth:`launch_gpr_nodes`)."""
+        self.scaleup = ScaleUpState(
+            planner or _default_planner(), PendingBatch(self.config.batch_idle_s, self.config.batch_max_s)
+        )
+        """The planner, the batch window of pending pods and the planning memo."""
+        self.replacements = Replacements()
+        """Nodes being replaced, claims drained involuntarily."""
+        self.reports = Reports()
+        """The last reason reported per object."""
         self.gpr = GprNodes()
         """Which claims are GPR nodes and which of them were released (see :mod:`gpuscale.controller.gprnodes`)."""
         self.gate = ConsolidationGate(self.pools, self.config, check=check_gate)
         """The consolidation step's clocks, caches and skips."""
-        self._measured = self.gate.measured
-        """Some pool judges utilisation by measured GPU use, so the backend's metrics are read every round."""
-        self._reported: dict[str, str] = {}
-        self._wake_times: list[float] | None = None
-        """Sorted candidate wake-up times, computed on demand after each round."""
         self.deletions = Deletions(self.config.orphan_grace_s)
         """Delete retry times and orphan clocks."""
 
     # ------------------------------------------------------------------------------------------------ public
+    @property
+    def batch(self) -> PendingBatch:
+        """The batch window of pending pods."""
+        return self.scaleup.batch
+
+    @property
+    def _synced(self) -> tuple[object, int] | None:
+        return self.observed.synced
+
     @property
     def unavailable(self) -> Mapping[OfferingKey, float]:
         """Offerings not to be bought until the given time (read-only; see :attr:`availability`)."""
@@ -196,9 +189,9 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
     def _begin_round(self) -> tuple[ReconcileResult, World | None]:
         """Start a round: forget the cached wake-up times, observe, and sync the claims with what was observed.
         The world is None (and the result says so) when observing failed."""
-        self._wake_times = None
+        self.observed.wake_times = None
         now = self.clock.now()
-        self._now = now
+        self.observed.now = now
         result = ReconcileResult(at=now)
         world = self._observe(now)
         if world is None:
@@ -216,27 +209,23 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
         The candidate times are kept until the next reconcile (nothing else changes them).
         """
         now = self.clock.now()
-        if self._wake_times is None:
-            self._wake_times = sorted(t for t in self._timer_candidates() if t < math.inf)
-        return next((t for t in self._wake_times if t > now), None)
+        obs = self.observed
+        if obs.wake_times is None:
+            obs.wake_times = sorted(t for t in self._timer_candidates() if t < math.inf)
+        return next((t for t in obs.wake_times if t > now), None)
 
     def _timer_candidates(self) -> list[float]:
-        times: list[float] = []
-        closes = self.batch.wake_time()
-        if closes is not None:
-            times.append(closes)
+        times = self.scaleup.wake_times(self.availability)
         for _, c in self.claims.in_phases(TIMED_PHASES):
             t = deadline(c)
             if t is not None:
                 times.append(t + 1e-6)
-        for key in self._unlisted:
+        for key in self.observed.unlisted:
             unlisted = self.claims.get(key)
             if unlisted is not None and unlisted.phase is ClaimPhase.LAUNCHED:
                 times.append(unlisted.since + self.config.lost_grace_s)
         times += self.launcher.wake_times()
         times += self.deletions.wake_times()
-        if self.batch.seen:
-            times += self.availability.expiries()
         times += self.gate.wake_times(self._pool_of_node)
         return times
 
@@ -244,20 +233,20 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
     def _observe(self, now: float) -> World | None:
         try:
             pods = [p for p in self.backend.list_pods() if p.phase in _LIVE_PHASES]
+            obs = self.observed
             listed = self.backend.list_nodes()
-            if listed is self._listed_nodes[0]:
-                nodes = dict(self._listed_nodes[1])  # a copy: the controller deletes from it during the round
+            if obs.same_nodes(listed):
+                nodes = dict(obs.nodes)  # a copy: the controller deletes from it during the round
             else:
                 nodes = {n.name: self._normalise(n) for n in listed}
-                self._listed_nodes = (listed, dict(nodes)) if isinstance(listed, tuple) else (None, {})
+                obs.keep_nodes(listed, nodes)
             provided = self.provider.list_nodes()
-            if provided is not self._listed_cloud[0]:
-                alive = [c for c in provided if c.state is not CloudNodeState.GONE]
-                self._listed_cloud = (provided if isinstance(provided, tuple) else None, alive)
-            cloud = self._listed_cloud[1]
+            if provided is not obs.cloud_list:
+                obs.keep_cloud(provided, [c for c in provided if c.state is not CloudNodeState.GONE])
+            cloud = obs.cloud
             events = list(self.provider.poll_errors())
             pdbs = list(self.backend.list_pdbs())
-            utilization = dict(self.backend.gpu_utilization()) if self._measured else {}
+            utilization = dict(self.backend.gpu_utilization()) if self.gate.measured else {}
         except ProviderError as exc:
             self._record(now, EventKind.OBSERVE_FAILED, "provider/" + self.provider.name, type(exc).__name__, str(exc))
             return None
@@ -271,9 +260,9 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
 
     # --------------------------------------------------------------------------------------------- claims
     def _sync_claims(self, w: World) -> None:
-        if self._synced is not None and self._synced == (self._listed_cloud[0], self.claims.version):
+        obs = self.observed
+        if not obs.sync_needed(self.claims.version):
             return  # the same provider list and claims as after the last sync that learnt nothing: nothing to learn
-        self._synced = None
         d = sync_claims(
             self.claims,
             w.cloud,
@@ -282,13 +271,11 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
             self._rules,
             w.now,
             requested=self.claims.count(ClaimPhase.REQUESTED),
-            foreign=None if self._foreign is None or self.gpr.enabled else self._foreign,
+            foreign=None if obs.foreign is None or self.gpr.enabled else obs.foreign,
         )
         self._apply(d, w)
-        self._unlisted = d.unlisted
-        if d.settled and self._listed_cloud[0] is not None:
-            # every listed node matched its settled claim, which depends on neither the time nor the cluster
-            self._synced = (self._listed_cloud[0], self.claims.version)
+        # settled: every listed node matched its settled claim, which depends on neither the time nor the cluster
+        obs.synced_with(d.unlisted, d.settled, self.claims.version)
 
     # --------------------------------------------------------------------------------------- provider events
     def _handle_provider_events(self, w: World) -> None:
@@ -304,9 +291,9 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
     # -------------------------------------------------------------------------------------------- replacing
     def _progress_replacements(self, w: World) -> None:
         """Drain a replaced node once all its replacements are initialised; keep it if one of them fails."""
-        if not self._replacements:
+        if not self.replacements.by_old:
             return
-        reps = {old: (rids, str(action.reason)) for old, (rids, action) in self._replacements.items()}
+        reps = self.replacements.progress()
         self._apply(progress_replacements(reps, self.claims, self.claims.by_node_name, w.nodes, w.now), w)
 
 

@@ -35,16 +35,14 @@ from gpuscale.providers.base import CloudNodeState
 class ScaleDownSteps(ShellBase):
     """Consolidation, draining, deletion and orphans (part of :class:`~gpuscale.controller.loop.Controller`)."""
 
-    _measured: bool
-
     def _consolidate(self, w: World, result: ReconcileResult) -> None:
         now = w.now
         if not self.config.consolidation:
             return
         gate = self.gate
         candidates: set[str] = set()
-        disrupting: set[str] = set(self._replacements)
-        replacing = self._replacements
+        replacing = self.replacements.by_old
+        disrupting: set[str] = set(replacing)
         held = self.gpr.keys(self.claims)  # a GPR's nodes are never consolidated while it holds them
         for key, c in self.claims.items():
             name = c.node_name
@@ -92,7 +90,7 @@ class ScaleDownSteps(ShellBase):
                 frozenset(disrupting),
                 protected,
                 frozenset(inputs.unavailable),
-                frozenset((k, round(v, 1)) for k, v in w.utilization.items()) if self._measured else None,
+                frozenset((k, round(v, 1)) for k, v in w.utilization.items()) if gate.measured else None,
             )
             if gate.inputs_changed(signature, now, self._pool_of_node):
                 dp = self._disruption_pass(inputs, candidates, disrupting, gate.since, w)
@@ -147,7 +145,7 @@ class ScaleDownSteps(ShellBase):
             )
             result.launched += sum(1 for o in outcomes if o is Outcome.OK)
             if all(o in (Outcome.OK, Outcome.RETRY) for o in outcomes):
-                self._replacements[action.node] = (rids, action)
+                self.replacements.start(action.node, rids, action)
                 result.disrupted += 1
                 self._record(
                     now, EventKind.CONSOLIDATE, f"node/{action.node}", str(action.reason), action.message, **data
@@ -166,7 +164,7 @@ class ScaleDownSteps(ShellBase):
         nodes (with nodes in flight), and the unavailable offerings, as a pass sees them."""
         pods = list(w.pods)
         protected: frozenset[str] = frozenset()
-        planned = {k: v for k, v in self._planned_on_node.items() if v in w.nodes}
+        planned = {k: v for k, v in self.scaleup.planned_on_node.items() if v in w.nodes}
         for c in self.claims.values():
             if c.node_name in w.nodes and c.phase in (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED):
                 planned.update((k, c.node_name) for k in c.pods if k not in planned)
@@ -222,7 +220,7 @@ class ScaleDownSteps(ShellBase):
             w.nodes,
             w.pods,
             w.pdbs,
-            self._involuntary,
+            self.replacements.involuntary,
             self.deletions.retry_at,
             now,
             evicting_since=self.deletions.evicting_since,
@@ -232,7 +230,7 @@ class ScaleDownSteps(ShellBase):
             if isinstance(a, Evict):
                 if self.backend.evict(a.pod):
                     c = self.claims[a.key]
-                    grace = drain_grace_s(graces.get(c.pool), a.key in self._involuntary)
+                    grace = drain_grace_s(graces.get(c.pool), a.key in self.replacements.involuntary)
                     self.deletions.evicted(a.key, now, grace)
                     result.evicted += 1
                     self._record(now, EventKind.EVICT, f"pod/{a.pod}", a.reason, f"evicted from {a.node}")

@@ -1,32 +1,42 @@
-"""The scale-up steps of a round: launch retries that are due, batching of pending pods, planning (the pure
-:func:`gpuscale.core.planner.plan` over a snapshot in which in-flight claims are launching nodes), re-planning
-after capacity or quota errors, and ``minNodes``."""
+"""The scale-up steps of a round, carried out from pure decisions (:mod:`gpuscale.core.reconcile.scaleup`): launch
+retries that are due, the gate (batch window, covered pods, unchanged inputs), the plan's launch orders over a
+snapshot in which in-flight claims are launching nodes, re-planning at once after a capacity or quota error (at most
+``maxReplans`` plans a round), and ``minNodes``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
-from gpuscale.controller.batching import PendingBatch
-from gpuscale.controller.shell import LEAVING, STATIC_BLOCKS, ReconcileResult, ShellBase, World
-from gpuscale.core.disruption import pool_offerings
-from gpuscale.core.model import CapacityType, Node, NodePool, Pod, Snapshot
+from gpuscale.controller.rounds import ScaleUpState
+from gpuscale.controller.shell import LEAVING, ReconcileResult, ShellBase, World
+from gpuscale.core.model import Node, NodePool, Pod, Snapshot
 from gpuscale.core.nodeclaim import IN_FLIGHT, REQUEST_ID_LABEL, ClaimPhase
-from gpuscale.core.plan import PlannerConfig, ScaleUpPlan
+from gpuscale.core.plan import ScaleUpPlan
 from gpuscale.core.reconcile import EventKind, Outcome
+from gpuscale.core.reconcile.scaleup import (
+    STATIC_BLOCKS,
+    Gate,
+    LaunchOrder,
+    PlanFn,
+    PlanningMemo,
+    Step,
+    after_launch,
+    decide_scale_up,
+    effective_pools,
+    gate_scale_up,
+    launch_orders,
+    min_node_orders,
+    plan_signature,
+)
 
-PlanFn = Callable[[Snapshot, PlannerConfig, float], ScaleUpPlan]
-"""The planner's signature (:func:`gpuscale.core.planner.plan`)."""
+__all__ = ["PlanFn", "ScaleUpSteps"]
 
 
 class ScaleUpSteps(ShellBase):
     """Scale-up and ``minNodes`` (part of :class:`~gpuscale.controller.loop.Controller`)."""
 
-    _plan_fn: PlanFn
-    batch: PendingBatch
-    _last_plan_at: float
-    _last_signature: object
-    _static_blocked: set[str]
+    scaleup: ScaleUpState
 
     def _retry_requested(self, w: World, result: ReconcileResult) -> None:
         for key, c in self.claims.in_phases((ClaimPhase.REQUESTED,)):
@@ -37,7 +47,7 @@ class ScaleUpSteps(ShellBase):
                 if outcome is Outcome.OK:
                     result.launched += 1
                 elif outcome is not Outcome.RETRY:
-                    self._force_plan = True
+                    self.scaleup.request_plan()
 
     def _pending(self, w: World) -> tuple[list[Pod], list[Pod]]:
         """(real pending pods, pods of draining nodes shown to the planner as pending)."""
@@ -52,97 +62,106 @@ class ScaleUpSteps(ShellBase):
         ]
         return real, virtual
 
-    def _scale_up(self, w: World, result: ReconcileResult) -> None:
-        now = w.now
-        real, virtual = self._pending(w)
-        closed = self.batch.update((p.key for p in real), now)
-        if not real and not virtual:
-            self.batch.close()
-            self._planned_on_node = {}
-            self._prune_reports(set())
-            return
-        if not closed and not self._force_plan:
-            return
-        # pods no cluster change can help (too large, no matching pool) keep their reason and are not re-planned
-        pending_keys = {p.key for p in real} | {p.key for p in virtual}
-        self._static_blocked &= pending_keys
-        real = [p for p in real if p.key not in self._static_blocked]
-        if not real and not virtual:
-            self.batch.close()
-            return
-        if not virtual and not self._force_plan and self._all_covered(real, w):
-            return  # every pending pod already has room on a node in flight: re-planning cannot launch less
-        signature = self._signature(real, virtual, w)
-        if (
-            not self._force_plan
-            and signature == self._last_signature
-            and now - self._last_plan_at < self.config.replan_interval_s
-        ):
-            return
-        self._force_plan = False
-        self.batch.close()
-        result.planned = True
-        plan: ScaleUpPlan | None = None
-        for _ in range(max(1, self.config.max_replans)):
-            snapshot = self._snapshot(w, real, virtual)
-            plan = self._plan_fn(snapshot, self.config.planner, now)
-            if not self._execute_plan(plan, w, result):
-                break
-        assert plan is not None
-        self._last_plan_at = now
-        self._planned_on_node = {k: v for k, v in plan.placements.items() if v in w.nodes}
-        self._last_signature = self._signature(real, virtual, w)
-        self._static_blocked |= {b.pod for b in plan.blocked if b.reason in STATIC_BLOCKS}
-        for b in plan.blocked:
-            self._report(f"pod/{b.pod}", str(b.reason), EventKind.BLOCKED, now, b.message)
-        self._prune_reports(pending_keys)
-
-    def _all_covered(self, real: Sequence[Pod], w: World) -> bool:
-        """True if every pending pod is one a live in-flight claim was launched for, or was planned onto a node
-        that is still coming up (or, within ``replan_interval_s``, onto any schedulable node)."""
-        in_flight: set[str] = set()
+    def _in_flight(self) -> tuple[set[str], set[str]]:
+        """(pods the claims in flight were launched for, node names of claims in flight)."""
+        pods: set[str] = set()
         coming_up: set[str] = set()
         for _, c in self.claims.in_phases(IN_FLIGHT):
-            in_flight.update(c.pods)
+            pods.update(c.pods)
             if c.node_name:
                 coming_up.add(c.node_name)
-        fresh = w.now - self._last_plan_at < self.config.replan_interval_s
-        for p in real:
-            if p.key in in_flight:
-                continue
-            target = self._planned_on_node.get(p.key)
-            node = w.nodes.get(target) if target is not None else None
-            if node is not None and not node.unschedulable and (target in coming_up or fresh):
-                continue
-            return False
-        return True
+        return pods, coming_up
+
+    def _scale_up(self, w: World, result: ReconcileResult) -> None:
+        """Gate, plan and launch (see :mod:`gpuscale.core.reconcile.scaleup` for the re-plan loop's bound)."""
+        now = w.now
+        st = self.scaleup
+        real, virtual = self._pending(w)
+        closed = st.batch.update((p.key for p in real), now)
+        in_flight: tuple[set[str], set[str]] | None = None
+        if (real or virtual) and (closed or st.force):
+            in_flight = self._in_flight()
+        verdict = gate_scale_up(
+            real,
+            virtual,
+            st.memo,
+            batch_closed=closed,
+            force=st.force,
+            in_flight_pods=in_flight[0] if in_flight else (),
+            coming_up=in_flight[1] if in_flight else (),
+            nodes=w.nodes,
+            signature=lambda todo: self._signature(todo, virtual, w),
+            now=now,
+            replan_interval_s=self.config.replan_interval_s,
+        )
+        gate = verdict.gate
+        st.keep(verdict.memo)
+        if gate is Gate.IDLE:
+            st.batch.close()
+            self._prune_reports(set())
+            return
+        if gate is Gate.EMPTY:
+            st.batch.close()
+            return
+        if gate in (Gate.COVERED, Gate.UNCHANGED):
+            if st.check:
+                snapshot = self._snapshot(w, verdict.real, virtual)
+                ref = decide_scale_up(snapshot, st.planner, self.config.planner, now)
+                st.compare(now, gate, ref)
+            return
+        if gate is not Gate.PLAN:
+            return
+        st.batch.close()
+        result.planned = True
+        real_todo = verdict.real
+        seeds: set[tuple[str, ...]] = set()
+        decision = None
+        for attempt in range(max(1, self.config.max_replans)):
+            snapshot = self._snapshot(w, real_todo, virtual)
+            decision = decide_scale_up(
+                snapshot,
+                st.planner,
+                self.config.planner,
+                now,
+                attempt=attempt,
+                max_replans=self.config.max_replans,
+            )
+            seeds.update(o.seed for o in decision.launches)
+            if not self._carry_out(decision.launches, w, result) or not decision.may_replan:
+                break
+        assert decision is not None
+        memo = st.memo
+        st.planned(
+            PlanningMemo(
+                last_plan_at=now,
+                signature=self._signature(real_todo, virtual, w),
+                planned_on_node={k: v for k, v in decision.placed.items() if v in w.nodes},
+                static_blocked=memo.static_blocked | {b.pod for b in decision.blocked if b.reason in STATIC_BLOCKS},
+                seeds=frozenset(seeds),
+            )
+        )
+        for b in decision.blocked:
+            self._report(f"pod/{b.pod}", str(b.reason), EventKind.BLOCKED, now, b.message)
+        self._prune_reports(verdict.pending)
 
     def _signature(self, real: Sequence[Pod], virtual: Sequence[Pod], w: World) -> object:
         now = w.now
-        return (
-            frozenset(p.key for p in real),
-            frozenset(p.key for p in virtual),
-            frozenset((k, c.phase) for k, c in self.claims.items()),
-            frozenset(k for k, t in self.availability.offerings.items() if t > now),
-            frozenset(w.nodes),
-            frozenset(p for p in self.availability.backoffs if self.availability.backed_off(p, now)),
-            frozenset(p for p, t in self.availability.fallbacks.items() if t > now),
+        av = self.availability
+        return plan_signature(
+            [p.key for p in real],
+            [p.key for p in virtual],
+            [(k, c.phase) for k, c in self.claims.items()],
+            [k for k, t in av.offerings.items() if t > now],
+            w.nodes,
+            [p for p in av.backoffs if av.backed_off(p, now)],
+            [p for p, t in av.fallbacks.items() if t > now],
         )
 
     def _effective_pools(self, nodes: Sequence[Node], now: float) -> list[NodePool]:
-        counts: dict[str, int] = {}
-        for n in nodes:
-            if n.pool is not None:
-                counts[n.pool] = counts.get(n.pool, 0) + 1
-        out: list[NodePool] = []
-        for p in self.pools.values():
-            q = p
-            if self._spot_fallback(p, now) and CapacityType.ON_DEMAND not in p.capacity_types:
-                q = replace(q, capacity_types=(*p.capacity_types, CapacityType.ON_DEMAND))
-            if self.availability.backed_off(p.name, now):
-                q = replace(q, max_nodes=counts.get(p.name, 0))
-            out.append(q)
-        return out
+        av = self.availability
+        fallback = {p for p in self.pools if av.fallback_active(p, now)}
+        backed_off = {p for p in self.pools if av.backed_off(p, now)}
+        return effective_pools(list(self.pools.values()), nodes, fallback, backed_off)
 
     def _snapshot(self, w: World, real: Sequence[Pod], virtual: Sequence[Pod]) -> Snapshot:
         by_name = {c.node_name: c for c in self.claims.values() if c.node_name}
@@ -171,8 +190,8 @@ class ScaleUpSteps(ShellBase):
             elif c.phase in (ClaimPhase.DRAINING, ClaimPhase.DELETING) or (c.phase is ClaimPhase.FAILED and c.node_id):
                 # still billed and counted against maxNodes/limits, but takes no pods
                 nodes.append(replace(self._launching_node(key, c), launching=False, unschedulable=True))
-        virtual_keys = {p.key for p in virtual}
-        pods = [p for p in w.pods if p.key not in virtual_keys and p.key not in self._static_blocked] + list(virtual)
+        skip = {p.key for p in virtual} | self.scaleup.memo.static_blocked
+        pods = [p for p in w.pods if p.key not in skip] + list(virtual)
         return Snapshot(
             pods=tuple(pods),
             nodes=tuple(nodes),
@@ -182,70 +201,51 @@ class ScaleUpSteps(ShellBase):
         )
 
     def _execute_plan(self, plan: ScaleUpPlan, w: World, result: ReconcileResult) -> bool:
-        """Launch the plan's nodes; True if a capacity or quota error calls for a re-plan."""
-        per_node: dict[str, list[str]] = {}
-        for pod, target in plan.placements.items():
-            per_node.setdefault(target, []).append(pod)
-        replan = False
-        for launch in plan.launches:
-            for i in range(launch.count):
-                pods = tuple(sorted(per_node.get(f"{launch.id}/{i}", ())))
-                seed = ("up", launch.pool, launch.instance_type, launch.zone, str(launch.capacity_type), *pods)
-                if not pods:
-                    seed = (*seed, str(i))
-                outcome = self._launch_new(
-                    seed,
-                    launch.pool,
-                    launch.instance_type,
-                    launch.zone,
-                    launch.capacity_type,
-                    w,
-                    pods=pods,
-                    reason="ScaleUp",
-                )
-                if outcome is Outcome.OK:
-                    result.launched += 1
-                if outcome in (Outcome.CAPACITY, Outcome.QUOTA):
-                    replan = True
-                    break
-                if outcome in (Outcome.FAILED, Outcome.GUARD):
-                    break
-        return replan
+        """Launch the nodes of a plan made elsewhere; True if a capacity or quota error calls for a re-plan."""
+        return self._carry_out(launch_orders(plan)[0], w, result)
+
+    def _carry_out(self, orders: Sequence[LaunchOrder], w: World, result: ReconcileResult) -> bool:
+        """Launch the orders in turn as :func:`~gpuscale.core.reconcile.scaleup.after_launch` says; True if an
+        outcome calls for a re-plan (the orders after it are not launched)."""
+        skipped: int | None = None
+        for order in orders:
+            if order.group == skipped:
+                continue
+            outcome = self._launch_new(
+                order.seed,
+                order.pool,
+                order.instance_type,
+                order.zone,
+                order.capacity_type,
+                w,
+                pods=order.pods,
+                reason=order.reason,
+            )
+            if outcome is Outcome.OK:
+                result.launched += 1
+            step = after_launch(order, outcome)
+            if step is Step.REPLAN:
+                return True
+            if step is Step.SKIP_GROUP:
+                skipped = order.group
+        return False
 
     def _ensure_min_nodes(self, w: World, result: ReconcileResult) -> None:
+        if not any(p.min_nodes > 0 for p in self.pools.values()):
+            return
         now = w.now
-        for pool in self.pools.values():
-            if pool.min_nodes <= 0 or self.availability.backed_off(pool.name, now):
-                continue
-            have = self._alive_in_pool(pool.name, w)
-            for k in range(have, pool.min_nodes):
-                eff = next(p for p in self._effective_pools([], now) if p.name == pool.name)
-                offers = pool_offerings(eff, self.catalog, now, self.availability.offerings)
-                if not offers:
-                    self._report(f"pool/{pool.name}", "MinNodes", EventKind.BLOCKED, now, "no offering for minNodes")
-                    break
-                po = offers[0]
-                seed = (
-                    "min",
-                    pool.name,
-                    po.instance_type.name,
-                    po.offering.zone,
-                    str(po.offering.capacity_type),
-                    str(k),
-                )
-                outcome = self._launch_new(
-                    seed,
-                    pool.name,
-                    po.instance_type.name,
-                    po.offering.zone,
-                    po.offering.capacity_type,
-                    w,
-                    reason="MinNodes",
-                )
-                if outcome is Outcome.OK:
-                    result.launched += 1
-                elif outcome is not Outcome.RETRY:
-                    break
+        av = self.availability
+        backed_off = {p for p in self.pools if av.backed_off(p, now)}
+        have = {
+            name: self._alive_in_pool(name, w)
+            for name, p in self.pools.items()
+            if p.min_nodes > 0 and name not in backed_off
+        }
+        fallback = {p for p in self.pools if av.fallback_active(p, now)}
+        mins = min_node_orders(list(self.pools.values()), have, self.catalog, av.offerings, fallback, backed_off, now)
+        for name in mins.blocked:
+            self._report(f"pool/{name}", "MinNodes", EventKind.BLOCKED, now, "no offering for minNodes")
+        self._carry_out(mins.launches, w, result)
 
     def _alive_in_pool(self, pool: str, w: World) -> int:
         gpr_keys = self.gpr.keys(self.claims)  # a GPR's node does not count towards minNodes: pods cannot use it

@@ -8,7 +8,7 @@ carries decisions out and decides nothing itself (the decisions are in :mod:`gpu
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -20,7 +20,7 @@ from gpuscale.controller.config import ControllerConfig
 from gpuscale.controller.consolidation import ConsolidationGate
 from gpuscale.controller.launcher import Launcher, apply_mark
 from gpuscale.core import labels as L
-from gpuscale.core.disruption import SPOT_FALLBACK_LABEL, DisruptionAction, PodDisruptionBudget
+from gpuscale.core.disruption import SPOT_FALLBACK_LABEL, PodDisruptionBudget
 from gpuscale.core.model import (
     CapacityType,
     Catalog,
@@ -33,7 +33,6 @@ from gpuscale.core.model import (
     Taint,
 )
 from gpuscale.core.nodeclaim import REQUEST_ID_LABEL, ClaimPhase, NodeClaim, new_claim
-from gpuscale.core.plan import BlockReason
 from gpuscale.core.reconcile import (
     Action,
     ClearRetry,
@@ -57,6 +56,7 @@ from gpuscale.providers.base import CloudNode, LaunchRequest, Provider, Provider
 if TYPE_CHECKING:
     from gpuscale.controller.deletions import Deletions
     from gpuscale.controller.gprnodes import GprNodes
+    from gpuscale.controller.rounds import Observation, Replacements, Reports, ScaleUpState
 
 
 @dataclass(slots=True)
@@ -125,10 +125,6 @@ class DisruptionInputs:
 
 LEAVING = frozenset({ClaimPhase.DRAINING, ClaimPhase.DELETING, ClaimPhase.FAILED})
 """Claim phases whose node is on its way out (takes no pods, counts against disruption budgets)."""
-STATIC_BLOCKS = frozenset(
-    {BlockReason.TOO_LARGE, BlockReason.NO_MATCHING_POOL, BlockReason.TAINT_NOT_TOLERATED, BlockReason.INVALID_REQUEST}
-)
-"""Block reasons no change of nodes, capacity or time can lift (pools and catalog are fixed for a controller)."""
 
 
 class ShellBase:
@@ -145,22 +141,23 @@ class ShellBase:
     launcher: Launcher
     gate: ConsolidationGate
     gpr: GprNodes
-    _types: dict[str, InstanceType]
     _fleet: Fleet
-    _now: float
-    _involuntary: set[str]
-    _replacements: dict[str, tuple[tuple[str, ...], DisruptionAction]]
-    _reported: dict[str, str]
-    _force_plan: bool
+    observed: Observation
+    scaleup: ScaleUpState
+    replacements: Replacements
+    reports: Reports
     deletions: Deletions
-    _planned_on_node: dict[str, str]
+
+    @property
+    def _types(self) -> Mapping[str, InstanceType]:
+        return self._fleet.types
 
     def _apply(self, d: Decisions, w: World) -> None:
         """Carry out a pure decision record, in order."""
         for a in d.actions:
             self._apply_action(a, w)
         if d.replan:
-            self._force_plan = True
+            self.scaleup.request_plan()
 
     def _apply_action(self, a: Action, w: World) -> None:
         """Carry out one action of a decision record."""
@@ -180,12 +177,12 @@ class ShellBase:
                 w.nodes[a.node_name] = replace(node, unschedulable=True)
         elif isinstance(a, DrainStarted):
             if a.involuntary:
-                self._involuntary.add(a.key)
+                self.replacements.involuntary.add(a.key)
             self.gate.forget(a.node_name)
         elif isinstance(a, ClearRetry):
             self.launcher.listed(a.key)
         elif isinstance(a, DropReplacement):
-            self._replacements.pop(a.old_node, None)
+            self.replacements.drop(a.old_node)
         else:  # the drain actions are carried out by the scale-down step
             raise TypeError(f"not an action of this step: {a!r}")
 
@@ -193,11 +190,11 @@ class ShellBase:
         """Drop a claim that reached Gone; its request id is never reused."""
         del self.claims[key]
         self.launcher.forget(key)
-        self._involuntary.discard(key)
+        self.replacements.finished(key)
         self.deletions.forget(key)
         if claim.node_name:
             self.gate.forget(claim.node_name)
-            self._reported.pop(f"node/{claim.node_name}", None)
+            self.reports.forget(f"node/{claim.node_name}")
 
     def _claim_by_node_name(self, name: str) -> tuple[str, NodeClaim] | None:
         return self.claims.by_node_name(name)
@@ -244,20 +241,16 @@ class ShellBase:
 
     def _note(self, note: Note) -> None:
         """Record a note of the current round."""
-        self.backend.record(Event(self._now, str(note.kind), note.object, note.reason, note.message, note.data))
+        self.backend.record(Event(self.observed.now, str(note.kind), note.object, note.reason, note.message, note.data))
 
     def _report(self, obj: str, reason: str, kind: EventKind, now: float, message: str) -> None:
         """Record an event only when ``obj``'s reason changes (no repeats every round)."""
-        if self._reported.get(obj) == reason:
-            return
-        self._reported[obj] = reason
-        self._record(now, kind, obj, reason, message)
+        if self.reports.changed(obj, reason):
+            self._record(now, kind, obj, reason, message)
 
-    def _prune_reports(self, pending: set[str]) -> None:
+    def _prune_reports(self, pending: Iterable[str]) -> None:
         """Forget reasons reported for pods that are no longer pending (so a new blockage is reported again)."""
-        gone = [k for k in self._reported if k.startswith("pod/") and k[len("pod/") :] not in pending]
-        for k in gone:
-            del self._reported[k]
+        self.reports.prune_pods(pending)
 
     # ------------------------------------------------------------------------------------------------ launching
     def _spot_fallback(self, pool: NodePool, now: float) -> bool:

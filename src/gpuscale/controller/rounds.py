@@ -1,0 +1,183 @@
+"""The controller's state carried from one round to the next, in small named objects.
+
+- :class:`ScaleUpState`: the planner, the batch window and the planning memo (what the last plan saw and decided),
+  with a check mode that plans beside every skipped plan and records where skipping would have launched less.
+- :class:`Observation`: the time of the round, the node and cloud lists as last returned (a driver that returns the
+  same immutable tuple again is observed without looking at each node), whether the claim sync may be skipped, the
+  claims the provider stopped listing, and the round's wake-up times.
+- :class:`Replacements`: nodes being replaced (with their replacements' claims) and claims drained involuntarily.
+- :class:`Reports`: the last reason reported for each object (no repeated events).
+
+Each decides nothing: the decisions are in :mod:`gpuscale.core.reconcile`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from gpuscale.controller.batching import PendingBatch
+from gpuscale.controller.consolidation import Mismatch
+from gpuscale.core.disruption import DisruptionAction
+from gpuscale.core.model import Node
+from gpuscale.core.reconcile.scaleup import Gate, PlanFn, PlanningMemo, ScaleUpDecision
+from gpuscale.providers.base import CloudNode
+
+if TYPE_CHECKING:
+    from gpuscale.controller.availability import Availability
+
+
+class ScaleUpState:
+    """The scale-up's state: planner, batch window, planning memo and whether a plan is forced.
+
+    Invariant (:class:`~gpuscale.core.reconcile.scaleup.PlanningMemo`): a plan the gate skips would have launched
+    nothing the last plan did not already decide. With ``check``, the controller plans beside every skipped plan
+    and :meth:`compare` records each launch order the skip held back as a :class:`Mismatch`.
+    """
+
+    def __init__(self, planner: PlanFn, batch: PendingBatch, *, check: bool = False) -> None:
+        self.planner = planner
+        self.batch = batch
+        self.memo = PlanningMemo()
+        self.force = False
+        """A launch failed since the last plan (or a claim was lost): plan in the next scale-up whatever the gate."""
+        self.check = check
+        self.mismatches: list[Mismatch] = []
+
+    def request_plan(self) -> None:
+        """Plan in the next scale-up (the gate's batch, cover and signature checks are skipped)."""
+        self.force = True
+
+    def planned(self, memo: PlanningMemo) -> None:
+        """A plan ran: keep what it saw and decided; the forced plan is done."""
+        self.memo = memo
+        self.force = False
+
+    def keep(self, memo: PlanningMemo) -> None:
+        """The gate skipped planning and updated the memo."""
+        self.memo = memo
+
+    @property
+    def planned_on_node(self) -> Mapping[str, str]:
+        """Pending pod -> the existing node the last plan put it on (read by consolidation)."""
+        return self.memo.planned_on_node
+
+    def wake_times(self, availability: Availability) -> list[float]:
+        """When the open batch closes and, while pods are pending, when an offering mark, back-off or fallback
+        ends (a plan may then launch what it could not)."""
+        times: list[float] = []
+        closes = self.batch.wake_time()
+        if closes is not None:
+            times.append(closes)
+        if self.batch.seen:
+            times += availability.expiries()
+        return times
+
+    def compare(self, now: float, gate: Gate, reference: ScaleUpDecision) -> None:
+        """Check mode: record a skip whose plan (``reference``) has launch orders the last plan did not decide."""
+        extra = sorted(o.seed for o in reference.launches if o.seed not in self.memo.seeds)
+        if extra:
+            self.mismatches.append(Mismatch(now, f"skipped plan ({gate})", (), tuple(extra)))
+
+
+class Observation:
+    """What the last rounds observed that the next round may reuse (see the module docstring)."""
+
+    def __init__(self, foreign: Callable[[str], bool] | None) -> None:
+        self.foreign = foreign
+        """Request ids another engine owns (default: the GPR manager's): their nodes are never adopted, until the
+        GPR manager hands its launches to this controller."""
+        self.now = -math.inf
+        """The time of the current round (notes from the launcher are stamped with it)."""
+        self.nodes_list: object = None
+        self.nodes: dict[str, Node] = {}
+        self.cloud_list: object = None
+        self.cloud: list[CloudNode] = []
+        self.synced: tuple[object, int] | None = None
+        """(cloud list, claim table version) after a claim sync that left nothing to wait for."""
+        self.unlisted: set[str] = set()
+        """Claims the provider stopped listing (lost after a grace period)."""
+        self.wake_times: list[float] | None = None
+        """Sorted candidate wake-up times, computed on demand after each round."""
+
+    def same_nodes(self, listed: object) -> bool:
+        """True if ``listed`` is the node list observed last time (the same immutable tuple)."""
+        return listed is self.nodes_list
+
+    def keep_nodes(self, listed: object, nodes: Mapping[str, Node]) -> None:
+        """Remember the normalised node list (only an immutable tuple can be recognised again)."""
+        if isinstance(listed, tuple):
+            self.nodes_list, self.nodes = listed, dict(nodes)
+        else:
+            self.nodes_list, self.nodes = None, {}
+
+    def keep_cloud(self, listed: object, alive: list[CloudNode]) -> None:
+        """Remember the provider's node list and its live nodes."""
+        self.cloud_list = listed if isinstance(listed, tuple) else None
+        self.cloud = alive
+
+    def sync_needed(self, claims_version: int) -> bool:
+        """False if the provider list and the claims are those of the last sync that learnt nothing."""
+        if self.synced is not None and self.synced == (self.cloud_list, claims_version):
+            return False
+        self.synced = None
+        return True
+
+    def synced_with(self, unlisted: set[str], settled: bool, claims_version: int) -> None:
+        """A claim sync ran; ``settled``: every listed node matched its settled claim."""
+        self.unlisted = unlisted
+        if settled and self.cloud_list is not None:
+            self.synced = (self.cloud_list, claims_version)
+
+
+class Replacements:
+    """Nodes being replaced and claims drained involuntarily."""
+
+    def __init__(self) -> None:
+        self.by_old: dict[str, tuple[tuple[str, ...], DisruptionAction]] = {}
+        """Replaced node -> (its replacements' claim keys, the disruption action)."""
+        self.involuntary: set[str] = set()
+        """Claims drained for a reason the workload did not choose (spot interruption, node failure)."""
+
+    def start(self, old_node: str, rids: tuple[str, ...], action: DisruptionAction) -> None:
+        """``old_node`` is being replaced by the claims ``rids``."""
+        self.by_old[old_node] = (rids, action)
+
+    def drop(self, old_node: str) -> None:
+        """The replacement of ``old_node`` is over (drained, or abandoned)."""
+        self.by_old.pop(old_node, None)
+
+    def progress(self) -> dict[str, tuple[tuple[str, ...], str]]:
+        """Replaced node -> (replacement keys, reason), as :func:`~gpuscale.core.reconcile.progress_replacements`
+        reads them."""
+        return {old: (rids, str(a.reason)) for old, (rids, a) in self.by_old.items()}
+
+    def finished(self, key: str) -> None:
+        """Claim ``key`` is gone."""
+        self.involuntary.discard(key)
+
+
+class Reports:
+    """The last reason reported per object, so that an unchanged reason is not recorded again every round."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, str] = {}
+
+    def changed(self, obj: str, reason: str) -> bool:
+        """True (and remembered) if ``reason`` is new for ``obj``."""
+        if self.last.get(obj) == reason:
+            return False
+        self.last[obj] = reason
+        return True
+
+    def forget(self, obj: str) -> None:
+        """Report ``obj``'s next reason even if it is the last one."""
+        self.last.pop(obj, None)
+
+    def prune_pods(self, pending: Iterable[str]) -> None:
+        """Forget the reasons of pods no longer pending (a new blockage is reported again)."""
+        keep = set(pending)
+        gone = [k for k in self.last if k.startswith("pod/") and k[len("pod/") :] not in keep]
+        for k in gone:
+            del self.last[k]
