@@ -28,6 +28,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from gpuscale.sim.commands import simulate_policy
 from gpuscale.sim.policies import lower_bound
 from gpuscale.sim.runner import SimResult
@@ -49,10 +51,22 @@ def _openb_workload() -> tuple[Scenario, tuple[Arrival, ...]]:
     return scenario, tuple(scenario.arrivals())
 
 
+OPTIONS: dict[str, Any] = {}
+"""Settings merged into the scenario's ``policy`` mapping for gpuscale (``--set KEY=YAML``; the baselines ignore
+gpuscale's own options such as ``evictionCost`` and ``headroom``)."""
+
+
+def _with_options(scenario: Scenario, policy: str, options: dict[str, Any]) -> Scenario:
+    if policy != "gpuscale" or not options:
+        return scenario
+    return dataclasses.replace(scenario, policy={**scenario.policy, **options})
+
+
 @functools.cache
 def _openb(policy: str) -> tuple[SimResult, float]:
     """The openb replay under ``policy`` and its wall time, run once per process (replay and compare share it)."""
     scenario, work = _openb_workload()
+    scenario = _with_options(scenario, policy, OPTIONS)
     t0 = time.perf_counter()
     res = simulate_policy(scenario, policy, work)
     return res, time.perf_counter() - t0
@@ -121,9 +135,10 @@ SEEDS = (1, 2, 3, 4)
 SEED_POLICIES = ("gpuscale", "cluster-autoscaler", "karpenter")
 
 
-def _seed_run(policy: str, seed: int) -> tuple[float, float]:
+def _seed_run(policy: str, seed: int, options: dict[str, Any]) -> tuple[float, float]:
     scenario, work = _openb_workload()
-    res = simulate_policy(dataclasses.replace(scenario, seed=seed), policy, work)
+    scenario = _with_options(dataclasses.replace(scenario, seed=seed), policy, options)
+    res = simulate_policy(scenario, policy, work)
     return res.report["costUsd"], res.report["pendingP95s"]
 
 
@@ -131,9 +146,10 @@ def seeds() -> dict[str, Any]:
     """The openb replay with several seeds per policy: means of cost and p95 pending."""
     jobs = [(policy, seed) for policy in SEED_POLICIES for seed in SEEDS]
     with ProcessPoolExecutor(max_workers=2) as pool:
-        results = dict(zip(jobs, pool.map(_seed_run, *zip(*jobs, strict=True)), strict=True))
+        runs = pool.map(_seed_run, *zip(*jobs, strict=True), [OPTIONS] * len(jobs))
+        results = dict(zip(jobs, runs, strict=True))
     bound = _openb_bound()
-    out: dict[str, Any] = {"lowerBoundUsd": round(bound, 2)}
+    out: dict[str, Any] = {"lowerBoundUsd": round(bound, 2), "options": OPTIONS}
     for policy in SEED_POLICIES:
         costs = [results[(policy, s)][0] for s in SEEDS]
         p95s = [results[(policy, s)][1] for s in SEEDS]
@@ -159,7 +175,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("which", nargs="*", help="replay, burst, compare, seeds (default: the first three)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=YAML",
+        help="a gpuscale policy setting for the openb runs, e.g. 'evictionCost={horizon: 1h}' (repeatable)",
+    )
+    parser.add_argument(
+        "--policies", help="comma-separated policies for `seeds` (default: gpuscale,cluster-autoscaler,karpenter)"
+    )
     args = parser.parse_args(argv)
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--set wants KEY=YAML, got {item!r}")
+        OPTIONS[key] = yaml.safe_load(value)
+    if args.policies:
+        global SEED_POLICIES
+        SEED_POLICIES = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     runs = {"replay": replay, "burst": burst, "compare": compare, "seeds": seeds}
     which = args.which or ["replay", "burst", "compare"]
     unknown = [w for w in which if w not in runs]

@@ -7,6 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpuscale.controller import policyopts
+from gpuscale.core.disruption.workcost import WorkCostRule
+from gpuscale.core.headroom import HeadroomSpec
 from gpuscale.core.nodeclaim import DEFAULT_DEADLINES, Deadlines
 from gpuscale.core.plan import PlannerConfig
 from gpuscale.core.reconcile import LaunchRules, Rules
@@ -61,6 +64,10 @@ class ControllerConfig:
     orphan_grace_s: float = 30.0
     """A node labelled with a request id the provider does not list is deleted after this long."""
     request_id_prefix: str = "gs"
+    eviction_cost: WorkCostRule | None = None
+    """Keep underutilised nodes whose eviction loses more work than it saves (``evictionCost``; None: off)."""
+    headroom: Mapping[str, HeadroomSpec] = field(default_factory=dict)
+    """Predictive warm headroom per pool (``headroom``; empty: off)."""
 
     def deadlines_for(self, pool: str) -> Deadlines:
         """The deadlines of ``pool``."""
@@ -129,6 +136,10 @@ class ControllerConfig:
                 planner["solver_time_limit_s"] = _duration(value, path)
             elif key == "deadlines":
                 kw["deadlines"] = _deadlines(value, path)
+            elif key == "evictionCost":
+                kw["eviction_cost"] = policyopts.eviction_cost(value, path)
+            elif key == "headroom":
+                kw["headroom"] = policyopts.headroom(value, path)
             elif key == "poolDeadlines":
                 if not isinstance(value, Mapping):
                     raise InputError("must map pool names to deadlines", where=path, value=value)
@@ -141,6 +152,8 @@ class ControllerConfig:
                     "solverTimeLimit",
                     "deadlines",
                     "poolDeadlines",
+                    "evictionCost",
+                    "headroom",
                     "name",
                     "settle",
                     "reconcileInterval",

@@ -1,7 +1,8 @@
 """Autoscaling policies the simulator can compare, all built on the same simulated cluster and cloud.
 
 * ``gpuscale``: the gpuscale controller with the scenario's pools and policy
-  (:func:`gpuscale.controller.loop.make_controller`).
+  (:func:`gpuscale.controller.options.options_controller`: the plain controller unless ``evictionCost`` or a
+  pool's ``headroom`` is set).
 * ``cluster-autoscaler``: cluster-autoscaler-like. One instance type per node group (each pool is split into one
   group per instance type), the *least-waste* expander (the group that leaves the least idle GPU, then CPU, after
   scale-up), and scale-down of nodes below 50 % GPU requests for 10 minutes whose pods fit elsewhere (no replacement
@@ -22,7 +23,8 @@ from typing import Any
 
 from gpuscale.clock import Clock
 from gpuscale.controller.backend import ClusterBackend
-from gpuscale.controller.loop import Controller, ControllerConfig, make_controller
+from gpuscale.controller.loop import Controller, ControllerConfig
+from gpuscale.controller.options import options_controller
 from gpuscale.core.bounds import Interval, cost_lower_bound
 from gpuscale.core.model import Catalog, ConsolidationPolicy, Disruption, NodePool, Pod, Snapshot
 from gpuscale.core.plan import BlockReason, Launch, PlannerConfig, ScaleUpPlan
@@ -37,7 +39,9 @@ Factory = Callable[..., Any]
 
 
 def _config(config: Mapping[str, Any] | None) -> ControllerConfig:
-    return ControllerConfig.from_policy(config)
+    """The scenario's policy for a baseline: gpuscale's optional policies (``evictionCost``, ``headroom``) are
+    gpuscale's own and left out."""
+    return dataclasses.replace(ControllerConfig.from_policy(config), eviction_cost=None, headroom={})
 
 
 # ------------------------------------------------------------------------------------------------ cluster-autoscaler
@@ -250,7 +254,7 @@ def static_peak_factory(arrivals: Sequence[Arrival]) -> Factory:
 def factory_for(name: str, arrivals: Sequence[Arrival]) -> Factory:
     """The controller factory of a policy by name."""
     if name == "gpuscale":
-        return make_controller
+        return options_controller
     if name == "cluster-autoscaler":
         return cluster_autoscaler_factory
     if name == "karpenter":

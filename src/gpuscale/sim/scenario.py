@@ -381,6 +381,7 @@ def parse_scenario(
         catalog, own = catalog or _catalog(v, provider.catalog, base), provider
     if catalog is None:
         catalog = _catalog(v, own.catalog if own and top.get("catalog") is None else top.get("catalog"), base)
+    pools_raw, pool_headroom = _split_headroom(v, pools_raw)
     pools = _pools(v, pools_raw, catalog, source)
     cloud = _cloud(v, cloud_raw, catalog, own.behaviour if own is not None else CloudBehaviour())
     cluster, pdbs = _cluster(v, top.get("cluster"))
@@ -400,6 +401,7 @@ def parse_scenario(
     if interval <= 0:
         raise v.fail("policy.reconcileInterval", "must be positive", policy.get("reconcileInterval"))
     settle = v.duration(policy["settle"], "policy.settle") if policy.get("settle") is not None else None
+    policy = _merge_headroom(v, policy, pool_headroom, {p.name for p in pools})
     try:  # every policy runs the gpuscale controller loop: its settings are checked here, with the file's lines
         ControllerConfig.from_policy(policy)
     except InputError as exc:
@@ -423,6 +425,45 @@ def parse_scenario(
         provider=getattr(own or home, "name", None),
         gprs=gprs,
     )
+
+
+def _split_headroom(v: _V, raw: object) -> tuple[object, dict[str, Any]]:
+    """The pools without their ``headroom`` key (gpuscale's predictive warm headroom, an option of the simulated
+    controller), and each pool's checked headroom setting by pool name."""
+    if not isinstance(raw, list) or not any(isinstance(i, dict) and "headroom" in i for i in raw):
+        return raw, {}
+    from gpuscale.controller.policyopts import headroom_spec
+
+    out: list[object] = []
+    found: dict[str, Any] = {}
+    for i, item in enumerate(raw):
+        if isinstance(item, dict) and "headroom" in item:
+            item = dict(item)
+            value = item.pop("headroom")
+            path = f"pools[{i}].headroom"
+            try:
+                headroom_spec(value, path)
+            except InputError as exc:
+                raise v.fail(exc.where or path, exc.reason, exc.value, exc.fix) from None
+            name = item.get("name") or (item.get("metadata") or {}).get("name")
+            found[str(name)] = value
+        out.append(item)
+    return out, found
+
+
+def _merge_headroom(v: _V, policy: dict[str, Any], from_pools: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
+    """``policy`` with the pools' ``headroom`` settings in ``policy.headroom``; a pool named there must exist."""
+    given = policy.get("headroom")
+    if isinstance(given, Mapping):
+        for name in given:
+            if name not in names:
+                known = ", ".join(sorted(names))
+                raise v.fail(f"policy.headroom.{name}", "no such pool", name, fix=f"use one of {known}")
+    if not from_pools:
+        return policy
+    merged = dict(given) if isinstance(given, Mapping) else {}
+    merged.update(from_pools)
+    return {**policy, "headroom": merged}
 
 
 def _own_profile(v: _V, raw: object) -> CloudProfile | None:

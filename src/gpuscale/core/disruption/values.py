@@ -89,6 +89,8 @@ class KeepReason(StrEnum):
     BUDGET = "DisruptionBudget"
     PODS_DO_NOT_FIT = "PodsDoNotFit"
     NO_REPLACEMENT = "NoCheaperReplacement"
+    WORK_LOST = "WorkLostExceedsSaving"
+    """Evicting its pods loses more work than the consolidation saves (:mod:`gpuscale.core.disruption.workcost`)."""
 
 
 @dataclass(frozen=True, slots=True)

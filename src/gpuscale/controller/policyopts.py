@@ -1,0 +1,135 @@
+"""Reading the optional policy settings ``evictionCost`` and ``headroom`` (both off unless given) from a scenario's
+``policy`` mapping (see :meth:`gpuscale.controller.config.ControllerConfig.from_policy`).
+
+* ``evictionCost: {horizon: 1h}`` (or ``true`` for a 1 h horizon; ``false``/``null``: off):
+  :mod:`gpuscale.core.disruption.workcost`.
+* ``headroom: {POOL: {policy: Predictive, maxNodes: 2, maxHourlyCost: 3.5, ...}}``: :mod:`gpuscale.core.headroom`;
+  optional ``lead``, ``quantile``, ``days``, ``minDays``, ``recentWindows``, ``instanceType``,
+  ``waitCostPerGpuHour``, ``coldStart``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from gpuscale.core.disruption.workcost import WorkCostRule
+from gpuscale.core.headroom import PREDICTIVE, HeadroomSpec
+from gpuscale.errors import InputError
+from gpuscale.manifests.quantity import DURATION_HELP, parse_duration
+
+HEADROOM_KEYS = (
+    "policy",
+    "maxNodes",
+    "maxHourlyCost",
+    "lead",
+    "quantile",
+    "days",
+    "minDays",
+    "recentWindows",
+    "instanceType",
+    "waitCostPerGpuHour",
+    "coldStart",
+)
+
+
+def _duration(value: object, where: str) -> float:
+    if isinstance(value, bool):
+        raise InputError("must be a duration", where=where, value=value, fix=DURATION_HELP)
+    if isinstance(value, int | float):
+        if value <= 0 or not math.isfinite(value):
+            raise InputError("must be a positive number of seconds", where=where, value=value, fix=DURATION_HELP)
+        return float(value)
+    try:
+        out = parse_duration(value)
+    except ValueError as exc:
+        raise InputError(f"not a duration ({exc})", where=where, value=value, fix=DURATION_HELP) from None
+    if out <= 0:
+        raise InputError("must be a positive duration", where=where, value=value, fix=DURATION_HELP)
+    return out
+
+
+def _number(value: object, where: str, *, lo: float = 0.0, hi: float = 1e9, fix: str = "") -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise InputError(f"must be a number from {lo:g} to {hi:g}", where=where, value=value, fix=fix)
+    return float(value)
+
+
+def _count(value: object, where: str, *, lo: int = 0, hi: int = 10_000) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise InputError(f"must be an integer from {lo} to {hi}", where=where, value=value, fix=f"e.g. {max(lo, 2)}")
+    return value
+
+
+def eviction_cost(value: object, where: str) -> WorkCostRule | None:
+    """``evictionCost``: None (off), or the rule."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return WorkCostRule()
+    if not isinstance(value, Mapping):
+        raise InputError("must be true, false or a mapping", where=where, value=value, fix="e.g. {horizon: 1h}")
+    unknown = [k for k in value if k != "horizon"]
+    if unknown:
+        raise InputError(
+            "unknown evictionCost setting", where=f"{where}.{unknown[0]}", value=unknown[0], fix="use horizon"
+        )
+    if "horizon" not in value:
+        return WorkCostRule()
+    return WorkCostRule(horizon_s=_duration(value["horizon"], f"{where}.horizon"))
+
+
+def headroom_spec(value: object, where: str) -> HeadroomSpec:
+    """One pool's ``headroom`` mapping."""
+    if not isinstance(value, Mapping):
+        raise InputError(
+            "must be a mapping",
+            where=where,
+            value=value,
+            fix="e.g. {policy: Predictive, maxNodes: 2, maxHourlyCost: 5}",
+        )
+    for k in value:
+        if k not in HEADROOM_KEYS:
+            raise InputError(
+                "unknown headroom setting", where=f"{where}.{k}", value=k, fix=f"use {', '.join(HEADROOM_KEYS)}"
+            )
+    policy = value.get("policy", PREDICTIVE)
+    if policy != PREDICTIVE:
+        raise InputError("unknown headroom policy", where=f"{where}.policy", value=policy, fix=f"use {PREDICTIVE}")
+    for k in ("maxNodes", "maxHourlyCost"):
+        if k not in value:
+            raise InputError(
+                f"{k} is required", where=where, fix="bound the headroom: e.g. maxNodes: 2, maxHourlyCost: 5"
+            )
+    kw: dict[str, Any] = {
+        "max_nodes": _count(value["maxNodes"], f"{where}.maxNodes", lo=1, hi=1000),
+        "max_hourly_cost": _number(value["maxHourlyCost"], f"{where}.maxHourlyCost", fix="$/h, e.g. 5"),
+    }
+    if "lead" in value:
+        kw["lead_s"] = _duration(value["lead"], f"{where}.lead")
+    if "quantile" in value:
+        kw["quantile"] = _number(value["quantile"], f"{where}.quantile", hi=1.0, fix="e.g. 0.5")
+    if "days" in value:
+        kw["days"] = _count(value["days"], f"{where}.days", hi=366)
+    if "minDays" in value:
+        kw["min_days"] = _count(value["minDays"], f"{where}.minDays", lo=1, hi=366)
+    if "recentWindows" in value:
+        kw["recent_windows"] = _count(value["recentWindows"], f"{where}.recentWindows", hi=10_000)
+    if "instanceType" in value:
+        it = value["instanceType"]
+        if not isinstance(it, str) or not it:
+            raise InputError("must be an instance type name", where=f"{where}.instanceType", value=it)
+        kw["instance_type"] = it
+    if "waitCostPerGpuHour" in value:
+        kw["wait_cost_per_gpu_hour"] = _number(value["waitCostPerGpuHour"], f"{where}.waitCostPerGpuHour", fix="e.g. 4")
+    if "coldStart" in value:
+        kw["cold_start_s"] = _duration(value["coldStart"], f"{where}.coldStart")
+    return HeadroomSpec(**kw)
+
+
+def headroom(value: object, where: str) -> dict[str, HeadroomSpec]:
+    """``headroom``: pool name -> its spec."""
+    if not isinstance(value, Mapping):
+        raise InputError("must map pool names to headroom settings", where=where, value=value, fix="e.g. {gpu: {...}}")
+    return {str(pool): headroom_spec(spec, f"{where}.{pool}") for pool, spec in value.items()}
