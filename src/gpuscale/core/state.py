@@ -300,6 +300,18 @@ def _fresh_row(gpus: int, width: int, whole: int, fractions: tuple[int, ...]) ->
     return done
 
 
+def fresh_gpu_row(gpus: int, whole: int, fractions: tuple[int, ...]) -> tuple[list[int], int, int]:
+    """(free milli-GPU per physical GPU, entirely free GPUs, largest free value; ``[-1]`` and -1 without GPUs) of a
+    node with ``gpus`` GPUs once pods taking ``whole`` GPUs and the ``fractions`` are bound, as
+    :meth:`ClusterState.occupy_all` accounts them. The row is shared: copy it before changing it."""
+    return _fresh_row(gpus, max(gpus, 1), whole, fractions)
+
+
+def best_gpu(row: list[int], milli: int) -> int:
+    """The GPU of ``row`` (free milli-GPU per GPU) that :meth:`ClusterState.place` gives a ``milli`` fraction."""
+    return _best_gpu(row, milli)
+
+
 def gpu_room(gpus: int, requests: Iterable[Request]) -> tuple[int, int]:
     """(entirely free GPUs, largest free milli-GPU on one GPU; -1 without GPUs) of a node with ``gpus`` GPUs once
     ``requests`` are bound to it, as :meth:`ClusterState.occupy_all` accounts them on a new state."""

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
-
-import numpy as np
 
 from gpuscale.core.disruption.budgets import allowed_disruptions, pdb_allowances
 from gpuscale.core.disruption.candidates import (
     do_not_disrupt,
     find_candidates,
-    free_room,
-    is_live,
     sort_pods,
 )
 from gpuscale.core.disruption.replacement import Market, find_replacement, split_replacement
@@ -21,11 +16,9 @@ from gpuscale.core.disruption.values import (
     DisruptionAction,
     DisruptionPlan,
     DisruptionReason,
-    FreeRoom,
     KeepReason,
     Kept,
     PodDisruptionBudget,
-    Receiver,
     Replacement,
 )
 from gpuscale.core.model import (
@@ -37,54 +30,141 @@ from gpuscale.core.model import (
 )
 from gpuscale.core.predicates import static_fit
 from gpuscale.core.resources import MILLI_PER_GPU, Request
-from gpuscale.core.state import ClusterState, fits_room, gpu_room
+from gpuscale.core.state import best_gpu, fresh_gpu_row
 
 
-@dataclass(slots=True)
+class _Rows:
+    """Free room of the simulated destination rows, as plain lists (a pass moves a handful of pods over a few dozen
+    rows: list arithmetic beats array set-up). Per row: free CPU milli, memory MiB and pod slots, the free milli-GPU
+    of each physical GPU, entirely free GPUs and the largest free milli-GPU on one GPU (-1 without GPUs), with the
+    same accounting as :class:`~gpuscale.core.state.ClusterState` (``occupy_all`` for the pods already bound,
+    ``place`` for moved ones)."""
+
+    __slots__ = ("cpu", "full", "gpu", "mem", "pods", "top")
+
+    def __init__(
+        self, cpu: list[int], mem: list[int], pods: list[int], gpu: list[list[int]], full: list[int], top: list[int]
+    ) -> None:
+        self.cpu = cpu
+        self.mem = mem
+        self.pods = pods
+        self.gpu = gpu
+        """Per-GPU free milli-GPU per row; shared with the cache of fresh rows until written (copy on write)."""
+        self.full = full
+        self.top = top
+
+    @classmethod
+    def of(cls, nodes: Sequence[Node], by_node: Mapping[str, Sequence[Pod]]) -> _Rows:
+        """The rows of ``nodes`` with the pods of ``by_node`` bound (never below 0); a pass builds the same rows from
+        the room it already computed."""
+        cpu, mem, slots, gpu, full, top = [], [], [], [], [], []
+        for n in nodes:
+            a = n.allocatable
+            bound = by_node.get(n.name, ())
+            cpu.append(max(0, a.cpu_milli - sum(p.request.cpu_milli for p in bound)))
+            mem.append(max(0, a.memory_mib - sum(p.request.memory_mib for p in bound)))
+            slots.append(max(0, a.pods - len(bound)))
+            fractions = tuple(p.request.gpu_milli for p in bound if p.request.gpu_milli)
+            g_row, g_full, g_top = fresh_gpu_row(a.gpus, sum(p.request.gpus for p in bound), fractions)
+            gpu.append(g_row)
+            full.append(g_full)
+            top.append(g_top)
+        return cls(cpu, mem, slots, gpu, full, top)
+
+    def copy(self) -> _Rows:
+        return _Rows(list(self.cpu), list(self.mem), list(self.pods), list(self.gpu), list(self.full), list(self.top))
+
+    def place(self, req: Request, i: int) -> None:
+        """Take ``req`` on row ``i`` (it fits): whole GPUs the lowest entirely free ones, a fraction the best-fitting
+        GPU (:meth:`ClusterState.place <gpuscale.core.state.ClusterState.place>`)."""
+        self.cpu[i] -= req.cpu_milli
+        self.mem[i] -= req.memory_mib
+        self.pods[i] -= 1
+        if req.gpus:
+            row = list(self.gpu[i])
+            for g in [g for g, v in enumerate(row) if v == MILLI_PER_GPU][: req.gpus]:
+                row[g] -= MILLI_PER_GPU
+        elif req.gpu_milli:
+            row = list(self.gpu[i])
+            row[best_gpu(row, req.gpu_milli)] -= req.gpu_milli
+        else:
+            return
+        self.gpu[i] = row
+        self.full[i] = row.count(MILLI_PER_GPU)
+        self.top[i] = max(row)
+
+
 class _Sim:
-    """Free capacity of the destination nodes, with a mask of rows that may take pods."""
+    """Free capacity of the destination nodes, with the rows that may take pods."""
 
-    nodes: list[Node]
-    state: ClusterState
-    usable: np.typing.NDArray[np.bool_]
-    received: set[int] = field(default_factory=set)
-    """Rows that took pods from a node disrupted this round (no longer candidates this round)."""
+    __slots__ = ("cpu_cap", "gpu_cap", "mem_cap", "models", "nodes", "received", "state", "usable", "workloads")
 
-    def fit_elsewhere(self, pods: Sequence[Pod], exclude: int) -> tuple[ClusterState, list[Pod], set[int]]:
-        """Place ``pods`` best-fit on usable rows other than ``exclude``.
+    def __init__(
+        self,
+        nodes: list[Node],
+        models: list[str | None],
+        state: _Rows,
+        usable: list[bool],
+        workloads: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
+        self.nodes = nodes
+        self.models = models
+        self.state = state
+        self.usable = usable
+        self.received: set[int] = set()
+        """Rows that took pods from a node disrupted this round (no longer candidates this round)."""
+        self.workloads = workloads
+        """The active GPRs' workload selectors: their nodes take only their workloads' pods."""
+        self.cpu_cap = [max(n.allocatable.cpu_milli, 1) for n in nodes]
+        self.mem_cap = [max(n.allocatable.memory_mib, 1) for n in nodes]
+        self.gpu_cap = [max(n.allocatable.gpus * MILLI_PER_GPU, 1) for n in nodes]
+
+    def fit_elsewhere(self, pods: Sequence[Pod], exclude: int) -> tuple[_Rows, list[Pod], set[int]]:
+        """Place ``pods`` best-fit on usable rows other than ``exclude``: among the rows a pod fits (room, GPU model,
+        labels and taints), the one with the least free CPU, memory and GPU share left after it (first on ties).
 
         Returns the new state, the pods left over and the rows that received pods.
         """
         dests: set[int] = set()
         st = self.state.copy()
-        mask = self.usable.copy()
-        if exclude >= 0:
-            mask[exclude] = False
+        cpu, mem, slots, gpu, full, top = st.cpu, st.mem, st.pods, st.gpu, st.full, st.top
+        nodes, models, workloads = self.nodes, self.models, self.workloads
+        cpu_cap, mem_cap, gpu_cap = self.cpu_cap, self.mem_cap, self.gpu_cap
+        open_rows = [i for i, ok in enumerate(self.usable) if ok and i != exclude]
         left: list[Pod] = []
         for pod in sort_pods(pods):
-            ok = st.fits(pod.request) & mask
-            rows = np.flatnonzero(ok)
-            rows = np.array(
-                [r for r in rows if static_fit(pod, self.nodes[r].labels, self.nodes[r].taints) is None],
-                dtype=np.int64,
-            )
-            if rows.size == 0:
+            req = pod.request
+            r_cpu, r_mem, r_gpus, r_milli = req.cpu_milli, req.memory_mib, req.gpus, req.gpu_milli
+            r_demand = r_gpus * MILLI_PER_GPU + r_milli
+            want = req.gpu_models if (r_gpus or r_milli) else None
+            best = -1
+            best_score = 0.0
+            for i in open_rows:
+                if cpu[i] < r_cpu or mem[i] < r_mem or slots[i] < 1:
+                    continue
+                if r_gpus:
+                    if full[i] < r_gpus:
+                        continue
+                elif r_milli and top[i] < r_milli:
+                    continue
+                if want is not None and models[i] not in want:
+                    continue
+                n = nodes[i]
+                if static_fit(pod, n.labels, n.taints, False, workloads) is not None:
+                    continue
+                score = (
+                    (cpu[i] - r_cpu) / cpu_cap[i]
+                    + (mem[i] - r_mem) / mem_cap[i]
+                    + (sum(v for v in gpu[i] if v > 0) - r_demand) / gpu_cap[i]
+                )
+                if best < 0 or score < best_score:
+                    best, best_score = i, score
+            if best < 0:
                 left.append(pod)
                 continue
-            best = _best_fit(st, pod.request, rows)
-            st.place(pod.request, best)
+            st.place(req, best)
             dests.add(best)
         return st, left, dests
-
-
-def _best_fit(st: ClusterState, req: Request, rows: np.typing.NDArray[np.int64]) -> int:
-    gcap = np.maximum(st.gpu_cap[rows] * MILLI_PER_GPU, 1)
-    score = (
-        (st.cpu_free[rows] - req.cpu_milli) / np.maximum(st.cpu_cap[rows], 1)
-        + (st.mem_free[rows] - req.memory_mib) / np.maximum(st.mem_cap[rows], 1)
-        + (st.gpu_free_milli[rows] - req.gpu_demand_milli) / gcap
-    )
-    return int(rows[int(np.argmin(score))])
 
 
 def plan_disruption(
@@ -102,6 +182,7 @@ def plan_disruption(
     utilization: Mapping[str, float] | None = None,
     unavailable: Mapping[OfferingKey, float] | None = None,
     allow_replace: bool = True,
+    workloads: Mapping[str, Mapping[str, str]] | None = None,
 ) -> DisruptionPlan:
     """Decide which nodes to delete or replace now (see the module docstring for the rules).
 
@@ -111,45 +192,77 @@ def plan_disruption(
     ``protected`` names nodes that must be kept this round (e.g. pending pods were just planned onto them).
     ``since`` maps node names to the time they became candidates; the result carries the updated map.
     ``allow_replace=False`` only ever deletes (a node whose pods do not all fit elsewhere is kept).
+    ``workloads`` (the active GPRs' workload selectors): a node held by one of them is room only for pods its
+    selector matches.
     """
     since = since or {}
     utilization = utilization or {}
     pool_by_name = {p.name: p for p in pools}
     disrupting_set = set(disrupting)
-    live = [p for p in pods if is_live(p)]
+    live: list[Pod] = []
     by_node: dict[str, list[Pod]] = {}
-    for p in live:
-        if p.node_name is not None:
-            by_node.setdefault(p.node_name, []).append(p)
+    for p in pods:
+        phase = p.phase
+        if phase == "Pending" or phase == "Running" or phase == "":  # is_live, inlined (every pod, every pass)
+            live.append(p)
+            on = p.node_name
+            if on is not None:
+                lst = by_node.get(on)
+                if lst is None:
+                    by_node[on] = [p]
+                else:
+                    lst.append(p)
 
     dest = [n for n in nodes if not n.launching and not n.unschedulable and n.name not in disrupting_set]
     row: dict[str, int] = {}  # simulated destination rows, by node name (filled when the simulation is built)
     lazy: list[_Sim] = []
     removed: set[str] = set()
     # Free room per destination and in total: an upper bound that rules out most hopeless moves without simulating.
-    free_of = {n.name: free_room(n, by_node.get(n.name, ())) for n in dest}
-    total = [0, 0, 0, 0]
-    for f in free_of.values():
-        for dim in range(4):
-            if f[dim] > 0:
-                total[dim] += f[dim]
-    free_total = FreeRoom(*total)
+    # Plain (CPU milli, memory MiB, milli-GPU, pod slots) tuples, as free_room counts them.
+    free_of: dict[str, tuple[int, int, int, int]] = {}
+    for n in dest:
+        a = n.allocatable
+        cpu, mem, gpu = a.cpu_milli, a.memory_mib, a.gpus * MILLI_PER_GPU
+        on_node = by_node.get(n.name)
+        if on_node:
+            for p in on_node:
+                req = p.request
+                cpu -= req.cpu_milli
+                mem -= req.memory_mib
+                gpu -= req.gpus * MILLI_PER_GPU + req.gpu_milli
+            free_of[n.name] = (cpu, mem, gpu, a.pods - len(on_node))
+        else:
+            free_of[n.name] = (cpu, mem, gpu, a.pods)
+    t_cpu = t_mem = t_gpu = t_pods = 0
+    for f_cpu, f_mem, f_gpu, f_pods in free_of.values():
+        if f_cpu > 0:
+            t_cpu += f_cpu
+        if f_mem > 0:
+            t_mem += f_mem
+        if f_gpu > 0:
+            t_gpu += f_gpu
+        if f_pods > 0:
+            t_pods += f_pods
+    free_total = (t_cpu, t_mem, t_gpu, t_pods)
+    no_room = (0, 0, 0, 0)
 
     def may_fit_elsewhere(n: Node, wl: Sequence[Pod]) -> bool:
-        own = free_of.get(n.name, FreeRoom(0, 0, 0, 0))
-        need = (
-            sum(p.request.cpu_milli for p in wl),
-            sum(p.request.memory_mib for p in wl),
-            sum(p.request.gpu_demand_milli for p in wl),
-            len(wl),
-        )
+        own = free_of.get(n.name, no_room)
+        cpu = mem = gpu = 0
+        for p in wl:
+            r = p.request
+            cpu += r.cpu_milli
+            mem += r.memory_mib
+            gpu += r.gpus * MILLI_PER_GPU + r.gpu_milli
+        need = (cpu, mem, gpu, len(wl))
         return all(need[k] <= free_total[k] - max(0, own[k]) for k in range(4))
 
-    receivers: list[list[Receiver]] = []
+    receivers: list[list[tuple[Node, int, int, int, int, str | None, list[int]]]] = []
 
-    def may_receive() -> list[Receiver]:
+    def may_receive() -> list[tuple[Node, int, int, int, int, str | None, list[int]]]:
         """The destinations that might take a candidate's pod, with their room before this pass (free CPU, memory,
-        entirely free GPUs, largest free GPU share).
+        entirely free GPUs, largest free GPU share), GPU model and free milli-GPU per GPU (as
+        :meth:`~gpuscale.core.state.ClusterState.occupy_all` accounts the pods bound to them).
 
         A node without the CPU, memory or pod slot the smallest candidate pod needs never takes a pod this pass (room
         only shrinks), so it is left out; the order of the others (which breaks ties) is kept."""
@@ -160,36 +273,63 @@ def plan_disruption(
             out = []
             for n in dest:
                 f = free_of[n.name]
-                cpu, mem = max(0, f.cpu_milli), max(0, f.memory_mib)
-                if f.pods >= 1 and cpu >= lo_cpu and mem >= lo_mem:
-                    full, top = gpu_room(n.allocatable.gpus, [p.request for p in by_node.get(n.name, ())])
-                    out.append(Receiver(n, cpu, mem, full, top))
+                cpu, mem = max(0, f[0]), max(0, f[1])
+                if f[3] >= 1 and cpu >= lo_cpu and mem >= lo_mem:
+                    whole = 0
+                    fractions: list[int] = []
+                    for p in by_node.get(n.name, ()):
+                        r = p.request
+                        whole += r.gpus
+                        if r.gpu_milli:
+                            fractions.append(r.gpu_milli)
+                    g_row, full, top = fresh_gpu_row(n.allocatable.gpus, whole, tuple(fractions))
+                    out.append((n, cpu, mem, full, top, n.gpu_model, g_row))
             receivers.append(out)
         return receivers[0]
 
     def any_may_move(n: Node, wl: Sequence[Pod]) -> bool:
         """False if no pod of ``wl`` fits any other destination even before this pass took room (then simulating
-        would move none of them)."""
+        would move none of them). The room test is :func:`~gpuscale.core.state.fits_room`'s, inlined."""
+        recv = may_receive()
+        name = n.name
         for p in wl:
-            for m, cpu, mem, full, top in may_receive():
-                if (
-                    m.name != n.name
-                    and fits_room(p.request, cpu, mem, 1, full, top, m.gpu_model)
-                    and static_fit(p, m.labels, m.taints) is None
-                ):
+            r = p.request
+            r_cpu, r_mem, r_gpus, r_milli = r.cpu_milli, r.memory_mib, r.gpus, r.gpu_milli
+            models = r.gpu_models if (r_gpus > 0 or r_milli > 0) else None
+            for m, cpu, mem, full, top, model, _ in recv:
+                if cpu < r_cpu or mem < r_mem:
+                    continue
+                if r_gpus:
+                    if full < r_gpus:
+                        continue
+                elif r_milli and top < r_milli:
+                    continue
+                if models is not None and model not in models:
+                    continue
+                if m.name != name and static_fit(p, m.labels, m.taints, False, workloads) is None:
                     return True
         return False
 
     def simulation() -> _Sim:
         """The destination nodes' free capacity (built only once a candidate passes the cheap checks)."""
         if not lazy:
-            rows = [r.node for r in may_receive()]
+            recv = may_receive()
+            rows = [r[0] for r in recv]
             row.update((n.name, i) for i, n in enumerate(rows))
-            state = ClusterState.of([n.name for n in rows], [n.allocatable for n in rows], [n.gpu_model for n in rows])
-            state.occupy_all([[p.request for p in by_node.get(n.name, ())] for n in rows])
-            usable = np.ones(len(rows), dtype=bool)
-            usable[[row[name] for name in removed if name in row]] = False
-            lazy.append(_Sim(rows, state, usable))
+            # the room of the pods already bound, never below 0 (a receiver has CPU, memory and a pod slot left)
+            state = _Rows(
+                [r[1] for r in recv],
+                [r[2] for r in recv],
+                [free_of[n.name][3] for n in rows],
+                [r[6] for r in recv],
+                [r[3] for r in recv],
+                [r[4] for r in recv],
+            )
+            usable = [True] * len(rows)
+            for name in removed:
+                if name in row:
+                    usable[row[name]] = False
+            lazy.append(_Sim(rows, [r[5] for r in recv], state, usable, workloads=workloads or None))
         return lazy[0]
 
     cands, new_since = find_candidates(dest, pool_by_name, by_node, catalog, now, since, candidates, utilization)
