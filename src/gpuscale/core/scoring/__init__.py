@@ -9,6 +9,7 @@ from gpuscale.core.scoring.bestfit import BestFit
 from gpuscale.core.scoring.dotproduct import DotProduct
 from gpuscale.core.scoring.fgd import FGD
 from gpuscale.core.scoring.fillfrag import FillFrag
+from gpuscale.core.scoring.fillpair import FillPair
 from gpuscale.core.scoring.fillreserve import FillReserve
 from gpuscale.core.scoring.packing import GpuPacking
 from gpuscale.core.scoring.randomized import RandomScorer
@@ -21,6 +22,7 @@ SCORERS: dict[str, Callable[[], Scorer]] = {
     "fgd": FGD,
     "fill-frag": FillFrag,
     "fill-reserve": FillReserve,
+    "fill-pair": FillPair,
 }
 
 DEFAULT_SCORER = "best-fit"
