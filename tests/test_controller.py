@@ -28,6 +28,7 @@ from gpuscale.core.model import (
     OfferingKey,
     Pod,
     PoolLimits,
+    Taint,
 )
 from gpuscale.core.nodeclaim import REQUEST_ID_LABEL, ClaimPhase, Deadlines
 from gpuscale.core.plan import PlannerConfig
@@ -572,6 +573,15 @@ class CrashingBackend:
 
     def delete_node(self, node_name: str) -> None:
         self.plan.around("node-delete", lambda: self.inner.delete_node(node_name))
+
+    def update_node(
+        self,
+        node_name: str,
+        labels: Mapping[str, str | None],
+        taints: Sequence[Taint] = (),
+        untaint: Sequence[str] = (),
+    ) -> None:
+        self.plan.around("node-update", lambda: self.inner.update_node(node_name, labels, taints, untaint))
 
     def record(self, event: Event) -> None:
         self.inner.record(event)

@@ -259,3 +259,33 @@ def test_gpr_queue_length_and_wait_reach_the_metrics(world: World, server: KubeA
     text = generate_latest(registry).decode()
     assert "gpuscale_gpr_queue_length 0.0" in text
     assert "gpuscale_gpr_wait_seconds_count 1.0" in text
+
+
+def test_a_gpr_borrows_a_free_node_of_the_engine_and_gives_it_back(world: World, server: KubeAPIServer) -> None:
+    """One engine on a real API server: a GPR arriving while a free node of the pool exists labels and taints that
+    node (no launch); deleting the GPR removes its label and taint, and the node is the pool's again."""
+    from test_kube_e2e import _bound
+
+    server.create("pods", gpu_pod("warm-0"), namespace="ml")
+    world.until(lambda: _bound(server, "warm-0") is not None, advance=10)
+    world.scheduler.complete("ml/warm-0")
+    world.round(1)
+    (free,) = [n["metadata"]["name"] for n in world.kwok_nodes()]  # type: ignore[index]
+    created = server.create("gpuprovisioningrequests", gpr("borrow", numberOfGPUNodes=1), namespace="ml")
+    gpr_id = gpr_id_for(created)
+    world.until(lambda: status(server, "borrow").get("provisioningStatus") == "Provisioned")
+    assert [n["metadata"]["name"] for n in gpr_nodes(server, gpr_id)] == [free]
+    assert len(world.kwok_nodes()) == 1  # borrowed, not launched
+    node = server.get("nodes", free)
+    assert node is not None
+    taints = {(t["key"], t.get("value"), t["effect"]) for t in node["spec"]["taints"]}
+    assert (GPR_TAINT, gpr_id, "NoSchedule") in taints
+    world.round(120)  # past consolidateAfter: a held node is not consolidated
+    assert [n["metadata"]["name"] for n in world.kwok_nodes()] == [free]  # type: ignore[index]
+    server.delete("gpuprovisioningrequests", "borrow", namespace="ml")
+    world.until(lambda: not gpr_nodes(server, gpr_id))
+    node = server.get("nodes", free)
+    assert node is not None and GPR_LABEL not in node["metadata"].get("labels", {})
+    assert not [t for t in node["spec"].get("taints") or [] if t["key"] == GPR_TAINT]
+    world.until(lambda: not world.kwok_nodes(), advance=40)  # then consolidated like any empty node
+    assert set(server.requests()) <= set(API_VERBS) | set(PREFLIGHT_VERBS), "RBAC grants everything used"

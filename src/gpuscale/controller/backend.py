@@ -1,7 +1,8 @@
 """The cluster-side protocol the controller observes and acts through.
 
 The controller never binds pods (the scheduler does). It reads pods and nodes, cordons, evicts and deletes nodes,
-labels new nodes, and records events. :class:`gpuscale.sim.cluster.SimCluster` and the Kubernetes adapter implement it.
+labels and taints the nodes GPRs borrow and give back, and records events. :class:`gpuscale.sim.cluster.SimCluster`
+and the Kubernetes adapter implement it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpuscale.core.disruption import PodDisruptionBudget
-from gpuscale.core.model import Node, Pod
+from gpuscale.core.model import Node, Pod, Taint
 
 __all__ = ["ClusterBackend", "Event", "PodDisruptionBudget"]
 
@@ -60,6 +61,17 @@ class ClusterBackend(Protocol):
 
     def delete_node(self, node_name: str) -> None:
         """Remove the Node object."""
+        ...
+
+    def update_node(
+        self,
+        node_name: str,
+        labels: Mapping[str, str | None],
+        taints: Sequence[Taint] = (),
+        untaint: Sequence[str] = (),
+    ) -> None:
+        """Set ``labels`` (a None value removes the label), remove the taints whose key is in ``untaint`` and add
+        ``taints`` (idempotent; a node that is gone is ignored). Used for the nodes GPRs borrow and give back."""
         ...
 
     def record(self, event: Event) -> None:

@@ -197,6 +197,7 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
         if world is None:
             result.observe_failed = True
             return result, None
+        self.gpr.observe(world.nodes, now)
         self._sync_claims(world)
         return result, world
 

@@ -214,6 +214,10 @@ class NodeEngine(Protocol):
         """From now on GPR nodes are the engine's (adopted after a restart, never consolidated while held)."""
         ...
 
+    def gpr_inventory(self) -> Inventory:
+        """The engine's free nodes and the nodes GPRs hold by label, as inventory GPRs borrow."""
+        ...
+
 
 # --------------------------------------------------------------------------------------------------- manager
 @dataclass(slots=True)
@@ -236,7 +240,7 @@ class GprManager:
     ``inventory`` the existing nodes; ``utilization`` maps node names to GPU utilisation (0..1) for launched
     nodes (inventory nodes carry their own). With ``engine`` (the node controller) launches and deletions go through
     the engine's claim table and node lifecycle, and its availability record is shared; the provider is then only
-    observed.
+    observed; without an ``inventory`` the engine's free nodes are the inventory (borrowed before launching).
     """
 
     def __init__(
@@ -268,6 +272,8 @@ class GprManager:
         self._engine = engine
         if engine is not None:
             engine.serve_gprs()
+            if inventory is None:  # the engine's free nodes are borrowed before new ones are launched
+                self.inventory = engine.gpr_inventory()
         if availability is None:
             availability = engine.availability if engine is not None else Availability()
         self.availability = availability
@@ -613,7 +619,11 @@ class GprManager:
                 for cn in cloud:
                     if cn.state in (CloudNodeState.DELETING, CloudNodeState.GONE):
                         continue
-                    created.append(self._to_gpr_node(cn, by_name.pop(cn.node_name, None), util, last_word))
+                    k8s = by_name.pop(cn.node_name, None)
+                    if self._engine is not None and k8s is not None and k8s.gpr_id != gpr_id_of_request(cn.request_id):
+                        by_name[cn.node_name] = k8s  # the engine gave it back to its pool: inventory now, not launched
+                        continue
+                    created.append(self._to_gpr_node(cn, k8s, util, last_word))
                 inv_nodes = list(by_name.values())
                 for ev in events:
                     if ev.kind in (ProviderEventKind.LAUNCH_FAILED, ProviderEventKind.NODE_FAILED) and (

@@ -26,7 +26,7 @@ from lightkube.types import PatchType
 
 from gpuscale.controller.backend import Event
 from gpuscale.core.disruption import PodDisruptionBudget
-from gpuscale.core.model import Catalog, Node, NodePool, Pod
+from gpuscale.core.model import Catalog, Node, NodePool, Pod, Taint
 from gpuscale.core.predicates import untolerated
 from gpuscale.core.resources import Resources
 from gpuscale.kube.cache import KubeCache, obj_key
@@ -212,6 +212,41 @@ class KubeBackend:
                     return
                 if exc.status != 409 or attempt == 1:
                     log.warning("cordon %s: %s", node_name, exc.describe())
+                    return
+
+    def update_node(
+        self,
+        node_name: str,
+        labels: Mapping[str, str | None],
+        taints: Sequence[Taint] = (),
+        untaint: Sequence[str] = (),
+    ) -> None:
+        """Merge-patch the Node's labels (None removes one) and its taints (those keyed in ``untaint`` removed,
+        ``taints`` added), guarded by its resourceVersion; a conflict is retried once on a fresh read."""
+        for attempt in range(2):
+            obj = self.cache.get("nodes", node_name) if attempt == 0 else self._fetch_node(node_name)
+            if obj is None:
+                return
+            current = [t for t in (obj.get("spec") or {}).get("taints") or [] if t.get("key") not in untaint]
+            for t in taints:
+                if not any(c.get("key") == t.key and c.get("effect") == str(t.effect) for c in current):
+                    current.append({"key": t.key, "effect": str(t.effect), **({"value": t.value} if t.value else {})})
+            patch = {
+                "metadata": {"resourceVersion": obj["metadata"].get("resourceVersion"), "labels": dict(labels)},
+                "spec": {"taints": current},
+            }
+            try:
+                self.client.run(
+                    self.client.api.patch(KNode, node_name, patch, patch_type=PatchType.MERGE),
+                    verb="patch",
+                    resource="nodes",
+                )
+                return
+            except KubeError as exc:
+                if exc.status == 404:
+                    return
+                if exc.status != 409 or attempt == 1:
+                    log.warning("update node %s: %s", node_name, exc.describe())
                     return
 
     def _fetch_node(self, name: str) -> Obj | None:

@@ -557,6 +557,25 @@ class SimCluster:
             sn.unschedulable = False
             self._node_changed(sn, more_room=True)
 
+    def update_node(
+        self,
+        node_name: str,
+        labels: Mapping[str, str | None],
+        taints: Sequence[Taint] = (),
+        untaint: Sequence[str] = (),
+    ) -> None:
+        """Set or remove labels and add or remove taints of a node (a node that is already gone is ignored)."""
+        sn = self._nodes.get(node_name)
+        if sn is None:
+            return
+        new_labels = {k: v for k, v in {**sn.labels, **labels}.items() if v is not None}
+        kept = tuple(t for t in sn.taints if t.key not in untaint)
+        new_taints = (*kept, *(t for t in taints if t not in kept))
+        if new_labels == sn.labels and new_taints == sn.taints:
+            return
+        sn.labels, sn.taints = new_labels, new_taints
+        self._node_changed(sn, more_room=True)  # a label or taint removed may let pods in
+
     def evict(self, pod_key: str) -> bool:
         """Evict a running pod back to pending; False (and nothing changes) if a PDB would be violated.
 

@@ -46,6 +46,8 @@ class EventKind(StrEnum):
     DELETE = "NodeDelete"
     ORPHAN = "OrphanNodeRemoved"
     OBSERVE_FAILED = "ObserveFailed"
+    GPR_BORROW = "GprBorrow"
+    GPR_RETURN = "GprReturn"
 
 
 # --------------------------------------------------------------------------------------------------- observations

@@ -12,8 +12,10 @@ The section lists GPU Provisioning Requests submitted at given times::
 
 :class:`GprSide` runs a :class:`~gpuscale.gpr.manager.GprManager` (SQLite in a temporary directory) on the
 simulated cloud. When the node controller can take GPR demand (:meth:`launch_gpr_nodes`, the gpuscale controller)
-the manager's engine is that controller: one claim table, availability record and node lifecycle for both. A
-controller without that method runs beside a manager that launches by itself, and leaves its nodes alone.
+the manager's engine is that controller: one claim table, availability record and node lifecycle for both; the
+controller's free nodes are the manager's inventory (borrowed before launching) and a released GPR's launched nodes
+return to their pool or are deleted, per its ``releasePolicy``. A controller without that method runs beside a
+manager that launches by itself, and leaves its nodes alone.
 
 Once a GPR is provisioned its workload (unless ``workload: false``) arrives: one pod per node, asking for the GPR's
 GPUs per node, labelled to match its ``workloadSelector``, tolerating its taint and selecting its nodes; the pods
@@ -22,7 +24,8 @@ leave when the GPR is released or expires (before its nodes are drained).
 Figures added to the report: ``gprs`` (per request: id, name, state, wait to provisioned, the reason it is not
 provisioned), ``gprsProvisioned``, ``gprsNotProvisioned``, ``gprWaitP50s`` / ``gprWaitMaxS`` (submitted to
 provisioned, over those provisioned), ``gprNodesDisrupted``: distinct nodes of a GPR that holds them which the
-node controller consolidated, drained, deleted or evicted pods from, and ``podsOnGprNodesOutsideGpr``: pods seen
+node controller consolidated, drained, deleted or evicted pods from, ``gprNodesBorrowed``: free nodes a GPR borrowed
+instead of launching one, and ``podsOnGprNodesOutsideGpr``: pods seen
 bound to a held GPR node that are not that GPR's workload (0 is the target of both). ``podsArrived`` and the other
 pod figures include the GPR workloads' pods.
 """
@@ -233,14 +236,20 @@ class GprSide:
             self._intruders.update(k for k in self.cluster.pods_on(name) if k not in own)
 
     def _held_nodes(self, holding: set[str]) -> dict[str, str]:
+        """Node name -> GPR of the nodes a holding GPR has: by the Node's GPR label once registered (launched or
+        borrowed), by the launch's request id before."""
         if not holding:
             return {}
         out: dict[str, str] = {}
         for n in self.cloud.alive():
-            if n.node_name and is_gpr_request_id(n.request_id):
+            if n.node_name and is_gpr_request_id(n.request_id) and self.cluster.node(n.node_name) is None:
                 gid = gpr_id_of_request(n.request_id)
                 if gid in holding:
                     out[n.node_name] = gid
+        for node in self.cluster.list_nodes():
+            label = node.labels.get(GPR_LABEL)
+            if label in holding:
+                out[node.name] = label
         return out
 
     def report(self) -> dict[str, Any]:
@@ -267,6 +276,7 @@ class GprSide:
             "gprWaitP50s": waits[len(waits) // 2] if waits else None,
             "gprWaitMaxS": waits[-1] if waits else None,
             "gprNodesDisrupted": len(self._disrupted),
+            "gprNodesBorrowed": sum(1 for e in self.cluster.events if e.kind == "GprBorrow"),
             "podsOnGprNodesOutsideGpr": len(self._intruders),
             "gprSharedEngine": self.shared,
         }
@@ -283,6 +293,7 @@ def gpr_report_keys(report: Mapping[str, Any]) -> dict[str, Any]:
         "gprWaitP50s",
         "gprWaitMaxS",
         "gprNodesDisrupted",
+        "gprNodesBorrowed",
         "podsOnGprNodesOutsideGpr",
     )
     return {k: report[k] for k in keys if k in report}
