@@ -23,7 +23,7 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 
 from gpuscale.kube.client import KubeClient, KubeError, as_kube_error
 
-__all__ = ["WATCHED", "KubeCache", "Watched"]
+__all__ = ["QUIET", "WATCHED", "KubeCache", "Watched"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,10 @@ WATCHED: tuple[Watched, ...] = (
     Watched("gpuprovisioningrequests", GPUProvisioningRequest, "gpuprovisioningrequests.gpuscale.io", True),
 )
 
+QUIET = frozenset({"gpunodeclaims"})
+"""Resources whose changes do not call the :meth:`KubeCache.on_change` listeners: the controller's own records,
+read back only at a restart (each of its writes would otherwise wake another round)."""
+
 
 def raw(obj: Any) -> Obj:
     """A lightkube object (typed model or generic) as the plain dict the API server sent."""
@@ -104,12 +108,14 @@ class KubeCache:
         min_backoff_s: float = 0.2,
         max_backoff_s: float = 10.0,
         watch_timeout_s: int = 300,
+        quiet: frozenset[str] = QUIET,
     ) -> None:
         self.client = client
         self.resources = resources
         self.min_backoff_s = min_backoff_s
         self.max_backoff_s = max_backoff_s
         self.watch_timeout_s = watch_timeout_s
+        self.quiet = quiet
         self._lock = threading.Lock()
         self._store: dict[str, dict[str, Obj]] = {w.name: {} for w in resources}
         self._synced: dict[str, threading.Event] = {w.name: threading.Event() for w in resources}
@@ -177,6 +183,8 @@ class KubeCache:
     def _changed(self, name: str) -> None:
         self.versions[name] += 1
         self.version += 1
+        if name in self.quiet:
+            return
         for fn in self._listeners:
             fn()
 
