@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from builders import ONE_CLOUD as CATALOG
+from builders import ONE_CLOUD_POOL as POOL
 from builders import pod
 from gpuscale.controller.config import ControllerConfig
 from gpuscale.controller.gprnodes import request_of
@@ -28,7 +30,7 @@ from gpuscale.core.model import Disruption, DisruptionBudget
 from gpuscale.core.plan import PlannerConfig
 from gpuscale.gpr.manager import GprManager
 from gpuscale.gpr.store import GprStore
-from test_engine_gprs import POOL, SPEC, _Rig
+from test_engine_gprs import SPEC, _Rig
 
 SLOW_POOL = replace(POOL, disruption=Disruption(consolidate_after_s=600.0, budgets=(DisruptionBudget("100%"),)))
 """Empty nodes wait 10 minutes before consolidation: long enough for a GPR to arrive and find one free."""
@@ -206,3 +208,51 @@ def test_release_policy_is_read_and_a_bad_value_names_the_field() -> None:
         spec_from_dict({**base, "releasePolicy": "delete"})
     assert [e.field for e in err.value.errors] == ["releasePolicy"]
     assert "Consolidate or Delete" in str(err.value)
+
+
+class _Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("after", [False, True])
+@pytest.mark.parametrize("which", ["borrow", "give-back"])
+def test_a_crash_while_a_node_is_borrowed_or_given_back_neither_leaks_nor_doubles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, which: str, after: bool
+) -> None:
+    """Kill points around the label write of a borrow and of a give-back: both processes die before or after it;
+    new ones over the same cloud, cluster and GPR database finish the job."""
+    rig = Rig(tmp_path)
+    name = rig.free_node()
+    gid = rig.manager.create(ONE).gpr_id
+    inner = rig.cluster.update_node
+    armed = {"on": which == "borrow"}
+
+    def crashing(node_name: str, labels: Any, taints: Any = (), untaint: Any = ()) -> None:
+        if not armed["on"]:
+            return inner(node_name, labels, taints, untaint)
+        armed["on"] = False
+        if after:
+            inner(node_name, labels, taints, untaint)
+        raise _Crash(which)
+
+    monkeypatch.setattr(rig.cluster, "update_node", crashing)
+    if which == "give-back":
+        rig.run(rig.engine.now() + 20.0)
+        assert rig.manager.get(gid).status.inventory_nodes == (name,)
+        rig.manager.release(gid)
+        armed["on"] = True
+    with pytest.raises(_Crash):
+        rig.run(rig.engine.now() + 20.0)
+    rig.restart()
+    rig.run(rig.engine.now() + 60.0)
+    state = rig.manager.get(gid).state
+    labels, taints = rig.node(name)
+    if which == "borrow":
+        assert state is GprState.PROVISIONED and rig.manager.get(gid).status.inventory_nodes == (name,)
+        assert labels[GPR_LABEL] == gid and GPR_TAINT in taints
+        assert rig.gpr_launches() == []  # the borrow was finished, not replaced by a launch
+    else:
+        assert state is GprState.RELEASED
+        assert GPR_LABEL not in labels and GPR_TAINT not in taints
+    assert [n.node_name for n in rig.cloud.alive()] == [name] and rig.cloud.counters.duplicate_nodes == 0
+    assert {n.node_id for n in rig.cloud.alive()} <= {c.node_id for c in rig.ctrl.claims.values()}

@@ -31,6 +31,7 @@ def test_simulate_json_reports_gprs_beside_pods() -> None:
     assert r["gprNodesDisrupted"] == 0
     assert r["podsCompleted"] == r["podsArrived"] == 40 + 2  # pods served: the bursts and train-a's workload
     assert r["podsOnGprNodesOutsideGpr"] == 0
+    assert r["gprNodesBorrowed"] >= 1  # a tune GPR reuses the node train-a gave back to the pool
     assert len(r["gprs"]) == 5
     for g in r["gprs"]:  # every GPR provisioned, or not with its reason stated
         assert g["waitS"] is not None or g["reason"], g
