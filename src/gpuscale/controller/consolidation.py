@@ -45,8 +45,13 @@ def pod_moves(before: Mapping[str, Sequence[Pod]], after: Mapping[str, Sequence[
     Only nodes whose pod lists differ are compared by pod key (lists of the same objects are equal at once)."""
     left: set[str] = set()
     moved: set[str] = set()
-    for name in before.keys() | after.keys():
-        old, new = before.get(name, ()), after.get(name, ())
+    before_get = before.get
+    for name, new in after.items():
+        old = before_get(name)
+        if old is None:
+            if new:  # pods on a node not seen before: nothing left it
+                moved.add(name)
+            continue
         if old == new:
             continue
         old_keys = {p.key for p in old}
@@ -55,6 +60,10 @@ def pod_moves(before: Mapping[str, Sequence[Pod]], after: Mapping[str, Sequence[
             moved.add(name)
             if not old_keys <= new_keys:
                 left.add(name)
+    for name, old in before.items():
+        if old and name not in after:  # every pod left the node
+            moved.add(name)
+            left.add(name)
     return left, moved
 
 
@@ -253,18 +262,19 @@ class ConsolidationGate:
         """Candidate reason per node, recomputed only for nodes whose pods or capacity changed (``touched``) or that
         just became candidates; measured-utilisation pools are recomputed every time."""
         measured = self.measured
-        redo = {n for n in candidates if measured or n in touched or n not in self.classes}
+        known = self.classes
+        pools = self.pools
         cache: dict[str, DisruptionReason | None] = {}
         out: dict[str, DisruptionReason] = {}
         for name in candidates:
-            if name in redo:
+            if measured or name in touched or name not in known:
                 n = nodes.get(name)
-                pool = self.pools.get(n.pool or "") if n is not None else None
+                pool = pools.get(n.pool or "") if n is not None else None
                 if n is None or pool is None or n.unschedulable or n.launching:
                     continue
                 why = classify_node(n, pool, by_node.get(name, []), utilization)
             else:
-                why = self.classes[name]
+                why = known[name]
             cache[name] = why
             if why is not None:
                 out[name] = why

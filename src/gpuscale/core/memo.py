@@ -9,6 +9,7 @@ changes speed, never answers: the key must hold everything the answer depends on
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from operator import is_
 from typing import Generic, TypeVar
 
 V = TypeVar("V")
@@ -25,7 +26,7 @@ class Memo(Generic[V]):
         """The remembered answer for this key, or ``make()`` remembered."""
         key = (values, tuple(map(id, objects)))
         hit = self._table.get(key)
-        if hit is not None and all(a is b for a, b in zip(hit[0], objects, strict=True)):
+        if hit is not None and all(map(is_, hit[0], objects)):  # as many objects as ids in the key
             return hit[1]
         answer = make()
         if len(self._table) >= self.size:
