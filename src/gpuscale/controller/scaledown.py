@@ -205,6 +205,7 @@ class ScaleDownSteps(ShellBase):
             utilization=w.utilization,
             unavailable=inputs.unavailable,
             allow_replace=self.config.replace_nodes,
+            workloads=self.gpr.workloads or None,
         )
 
     def _drain_and_delete(self, w: World, result: ReconcileResult) -> None:

@@ -170,7 +170,7 @@ class ScaleUpSteps(ShellBase):
             c = by_name.get(n.name)
             if c is not None and c.phase in LEAVING:
                 nodes.append(replace(n, unschedulable=True, pool=n.pool or c.pool))
-            elif c is not None and c.phase is ClaimPhase.REGISTERED:
+            elif c is not None and c.phase in (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED):  # Node up, GPUs to come
                 alloc = c.expected if c.expected.gpus > n.allocatable.gpus else n.allocatable
                 nodes.append(replace(n, allocatable=alloc, launching=True, pool=n.pool or c.pool))
             elif c is not None and n.pool is None:
@@ -198,6 +198,7 @@ class ScaleUpSteps(ShellBase):
             pools=tuple(self._effective_pools(nodes, w.now)),
             catalog=self.catalog,
             unavailable=self.availability.unavailable_at(w.now),
+            workloads=self.gpr.workloads,
         )
 
     def _execute_plan(self, plan: ScaleUpPlan, w: World, result: ReconcileResult) -> bool:

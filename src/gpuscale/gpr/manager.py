@@ -79,6 +79,8 @@ from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, Pr
 
 log = logging.getLogger("gpuscale.gpr")
 
+HOLDING_STATES = (GprState.PROVISIONING, GprState.PROVISIONED)
+"""States in which a GPR holds nodes: they take only its workloads' pods."""
 ACTIVE_STATES = (GprState.QUEUED, GprState.PROVISIONING, GprState.PROVISIONED, GprState.FAILED, GprState.EVICTED)
 
 
@@ -217,6 +219,15 @@ class NodeEngine(Protocol):
     def gpr_inventory(self) -> Inventory:
         """The engine's free nodes and the nodes GPRs hold by label, as inventory GPRs borrow."""
         ...
+
+    def hold_gpr_workloads(self, workloads: Mapping[str, Mapping[str, str]]) -> None:
+        """The active GPRs' workload selectors (gprId -> selector): their nodes are room only for their pods."""
+        ...
+
+
+def holding_workloads(gprs: Iterable[Gpr]) -> dict[str, Mapping[str, str]]:
+    """The workload selectors of the GPRs that hold nodes (Provisioning or Provisioned), by gprId."""
+    return {g.gpr_id: g.spec.workload_selector for g in gprs if g.state in HOLDING_STATES}
 
 
 # --------------------------------------------------------------------------------------------------- manager
@@ -406,6 +417,9 @@ class GprManager:
                 report.skipped = f"plan dropped: {exc}"
                 return report
             report.transitions = list(plan.transitions)
+            if self._engine is not None:
+                after = {s.gpr.gpr_id: s.gpr for s in stored.values()} | {g.gpr_id: g for g in plan.updates}
+                self._engine.hold_gpr_workloads(holding_workloads(after.values()))
             for t in plan.transitions:
                 log.info("GPR %s: %s -> %s (%s) %s", t.gpr_id, t.from_state, t.to_state, t.trigger, t.reason)
             jids = iter(ids)
