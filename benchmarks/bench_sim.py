@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from gpuscale.manifests.quantity import parse_duration
 from gpuscale.sim.commands import simulate_policy
 from gpuscale.sim.policies import lower_bound
 from gpuscale.sim.runner import SimResult
@@ -56,17 +57,27 @@ OPTIONS: dict[str, Any] = {}
 gpuscale's own options such as ``evictionCost`` and ``headroom``)."""
 
 
-def _with_options(scenario: Scenario, policy: str, options: dict[str, Any]) -> Scenario:
-    if policy != "gpuscale" or not options:
+POOL_WAITS: dict[str, float] = {}
+"""``--pool-wait consolidateAfter=1m`` / ``consolidateEmptyAfter=5m``: gpuscale's pools wait this long instead (the
+baselines set their own waits)."""
+
+
+def _with_options(scenario: Scenario, policy: str, options: dict[str, Any], waits: dict[str, float]) -> Scenario:
+    if policy != "gpuscale" or not (options or waits):
         return scenario
-    return dataclasses.replace(scenario, policy={**scenario.policy, **options})
+    names = {"consolidateAfter": "consolidate_after_s", "consolidateEmptyAfter": "consolidate_empty_after_s"}
+    changes: dict[str, Any] = {names[k]: v for k, v in waits.items()}
+    pools = tuple(
+        dataclasses.replace(p, disruption=dataclasses.replace(p.disruption, **changes)) for p in scenario.pools
+    )
+    return dataclasses.replace(scenario, policy={**scenario.policy, **options}, pools=pools)
 
 
 @functools.cache
 def _openb(policy: str) -> tuple[SimResult, float]:
     """The openb replay under ``policy`` and its wall time, run once per process (replay and compare share it)."""
     scenario, work = _openb_workload()
-    scenario = _with_options(scenario, policy, OPTIONS)
+    scenario = _with_options(scenario, policy, OPTIONS, POOL_WAITS)
     t0 = time.perf_counter()
     res = simulate_policy(scenario, policy, work)
     return res, time.perf_counter() - t0
@@ -135,9 +146,9 @@ SEEDS = (1, 2, 3, 4)
 SEED_POLICIES = ("gpuscale", "cluster-autoscaler", "karpenter")
 
 
-def _seed_run(policy: str, seed: int, options: dict[str, Any]) -> tuple[float, float]:
+def _seed_run(policy: str, seed: int, options: dict[str, Any], waits: dict[str, float]) -> tuple[float, float]:
     scenario, work = _openb_workload()
-    scenario = _with_options(dataclasses.replace(scenario, seed=seed), policy, options)
+    scenario = _with_options(dataclasses.replace(scenario, seed=seed), policy, options, waits)
     res = simulate_policy(scenario, policy, work)
     return res.report["costUsd"], res.report["pendingP95s"]
 
@@ -146,10 +157,10 @@ def seeds() -> dict[str, Any]:
     """The openb replay with several seeds per policy: means of cost and p95 pending."""
     jobs = [(policy, seed) for policy in SEED_POLICIES for seed in SEEDS]
     with ProcessPoolExecutor(max_workers=2) as pool:
-        runs = pool.map(_seed_run, *zip(*jobs, strict=True), [OPTIONS] * len(jobs))
+        runs = pool.map(_seed_run, *zip(*jobs, strict=True), [OPTIONS] * len(jobs), [POOL_WAITS] * len(jobs))
         results = dict(zip(jobs, runs, strict=True))
     bound = _openb_bound()
-    out: dict[str, Any] = {"lowerBoundUsd": round(bound, 2), "options": OPTIONS}
+    out: dict[str, Any] = {"lowerBoundUsd": round(bound, 2), "options": OPTIONS, "poolWaits": POOL_WAITS}
     for policy in SEED_POLICIES:
         costs = [results[(policy, s)][0] for s in SEEDS]
         p95s = [results[(policy, s)][1] for s in SEEDS]
@@ -183,6 +194,13 @@ def main(argv: list[str] | None = None) -> int:
         help="a gpuscale policy setting for the openb runs, e.g. 'evictionCost={horizon: 1h}' (repeatable)",
     )
     parser.add_argument(
+        "--pool-wait",
+        action="append",
+        default=[],
+        metavar="KEY=DURATION",
+        help="consolidateAfter or consolidateEmptyAfter of gpuscale's pools for the openb runs (repeatable)",
+    )
+    parser.add_argument(
         "--policies", help="comma-separated policies for `seeds` (default: gpuscale,cluster-autoscaler,karpenter)"
     )
     args = parser.parse_args(argv)
@@ -191,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not key:
             parser.error(f"--set wants KEY=YAML, got {item!r}")
         OPTIONS[key] = yaml.safe_load(value)
+    for item in args.pool_wait:
+        key, sep, value = item.partition("=")
+        if key not in ("consolidateAfter", "consolidateEmptyAfter") or not sep:
+            parser.error(f"--pool-wait wants consolidateAfter=DURATION or consolidateEmptyAfter=DURATION, got {item!r}")
+        POOL_WAITS[key] = parse_duration(value)
     if args.policies:
         global SEED_POLICIES
         SEED_POLICIES = tuple(p.strip() for p in args.policies.split(",") if p.strip())

@@ -27,6 +27,7 @@ from gpuscale.core.headroom import (
     forecast,
     headroom_cap,
     keep_warm,
+    pick_offer,
     quantile,
     size_headroom,
 )
@@ -98,6 +99,13 @@ def test_size_headroom_weighs_cold_starts_against_the_nodes_when_priced() -> Non
     # at $3/h the node costs $0.50 per window: not worth it
     decision = size_headroom(fc, 0, 1, 3.0, spec)
     assert decision.nodes == 0 and "cold starts avoided" in decision.reason
+
+
+def test_pick_offer_is_the_cheapest_per_gpu_that_fits_the_cost_cap() -> None:
+    offers = [(1, 0.6), (4, 2.2), (0, 0.1), (2, 1.3)]
+    assert pick_offer(offers, 5.0) == 1  # $0.55 per GPU
+    assert pick_offer(offers, 1.3) == 0  # the 4-GPU node is over the cap; $0.60 < $0.65 per GPU
+    assert pick_offer(offers, 0.5) is None
 
 
 def test_keep_warm_keeps_the_cheapest_per_gpu_empty_nodes_within_the_caps() -> None:
@@ -177,6 +185,7 @@ def test_policy_keys_parse_and_default_off() -> None:
         ({"headroom": {"gpu": {"policy": "Static", "maxNodes": 1, "maxHourlyCost": 1}}}, "gpu.policy", "Predictive"),
         ({"headroom": {"gpu": {"maxNodes": 1, "maxHourlyCost": 1, "quantile": 2}}}, "gpu.quantile", "0 to 1"),
         ({"headroom": {"gpu": {"maxNodes": 1, "maxHourlyCost": 1, "size": 2}}}, "gpu.size", "unknown headroom"),
+        ({"headroom": {"gpu": {"maxNodes": 1, "maxHourlyCost": 1, "launch": "no"}}}, "gpu.launch", "true or false"),
     ],
 )
 def test_bad_policy_settings_are_one_line_errors(policy: dict[str, object], where: str, words: str) -> None:

@@ -81,6 +81,13 @@ def test_warm_nodes_are_bounded_serve_arrivals_and_go_when_the_forecast_drops() 
     plain = simulate_policy(parse_scenario(SCENARIO.format(headroom=""), source="h.yaml", catalog=CAT), "gpuscale")
     assert res.report["pendingP50s"] < plain.report["pendingP50s"]
     assert res.report["costUsd"] > plain.report["costUsd"]  # and it is paid for
+    # launch: false only keeps empty nodes warm
+    keep_only = HEADROOM.replace("quantile: 1.0", "quantile: 1.0, launch: false")
+    kept = simulate_policy(
+        parse_scenario(SCENARIO.format(headroom=keep_only), source="h.yaml", catalog=CAT), "gpuscale"
+    )
+    assert not [e for e in kept.cluster.events if e.reason == HEADROOM_REASON]
+    assert kept.report["pendingP50s"] <= plain.report["pendingP50s"]
 
 
 LONG = """

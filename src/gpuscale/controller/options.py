@@ -197,7 +197,7 @@ class OptionsController(Controller):
                 max_nodes=max(0, spec.max_nodes - len(kept) - len(hr_flight)),
                 max_hourly_cost=max(0.0, spec.max_hourly_cost - kept_cost),
             )
-            if left.max_nodes <= 0 or self.availability.backed_off(name, now):
+            if not spec.launch or left.max_nodes <= 0 or self.availability.backed_off(name, now):
                 continue
             offers = [
                 o

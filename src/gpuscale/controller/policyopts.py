@@ -5,7 +5,7 @@
   :mod:`gpuscale.core.disruption.workcost`.
 * ``headroom: {POOL: {policy: Predictive, maxNodes: 2, maxHourlyCost: 3.5, ...}}``: :mod:`gpuscale.core.headroom`;
   optional ``lead``, ``quantile``, ``days``, ``minDays``, ``recentWindows``, ``instanceType``,
-  ``waitCostPerGpuHour``, ``coldStart``.
+  ``waitCostPerGpuHour``, ``coldStart``, ``launch`` (false: only keep empty nodes warm).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ HEADROOM_KEYS = (
     "instanceType",
     "waitCostPerGpuHour",
     "coldStart",
+    "launch",
 )
 
 
@@ -123,6 +124,12 @@ def headroom_spec(value: object, where: str) -> HeadroomSpec:
         kw["instance_type"] = it
     if "waitCostPerGpuHour" in value:
         kw["wait_cost_per_gpu_hour"] = _number(value["waitCostPerGpuHour"], f"{where}.waitCostPerGpuHour", fix="e.g. 4")
+    if "launch" in value:
+        if not isinstance(value["launch"], bool):
+            raise InputError(
+                "must be true or false", where=f"{where}.launch", value=value["launch"], fix="write true or false"
+            )
+        kw["launch"] = value["launch"]
     if "coldStart" in value:
         kw["cold_start_s"] = _duration(value["coldStart"], f"{where}.coldStart")
     return HeadroomSpec(**kw)

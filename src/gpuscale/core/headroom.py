@@ -50,6 +50,8 @@ class HeadroomSpec:
     wait_cost_per_gpu_hour: float | None = None
     """What an hour of a GPU's worth of pending time costs the user (None: the caps alone bound the headroom)."""
     cold_start_s: float = 200.0
+    launch: bool = True
+    """False: only keep empty nodes warm, never launch one for headroom."""
 
     @property
     def history_s(self) -> float:
