@@ -90,7 +90,8 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
     reconcile, so constructing a new controller is how a crashed one restarts; ``availability`` (offering marks and
     back-offs) may be given with a persistent store, and may be shared with the GPR manager. Provider nodes whose
     request id ``foreign`` owns (by default the GPR manager's) are left to their owner. ``check_gate`` runs the
-    consolidation gate's uncached reference beside every round (tests).
+    consolidation gate's uncached reference beside every round, ``check_plan`` plans beside every skipped plan
+    (:class:`~gpuscale.controller.rounds.ScaleUpState`; tests).
     """
 
     def __init__(
@@ -105,6 +106,7 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
         planner: PlanFn | None = None,
         availability: Availability | None = None,
         check_gate: bool = False,
+        check_plan: bool = False,
         foreign: Callable[[str], bool] | None = is_gpr_request_id,
     ) -> None:
         self.backend = backend
@@ -130,7 +132,9 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
         )
         """Request ids, launches and their retries at due times."""
         self.scaleup = ScaleUpState(
-            planner or _default_planner(), PendingBatch(self.config.batch_idle_s, self.config.batch_max_s)
+            planner or _default_planner(),
+            PendingBatch(self.config.batch_idle_s, self.config.batch_max_s),
+            check=check_plan,
         )
         """The planner, the batch window of pending pods and the planning memo."""
         self.replacements = Replacements()

@@ -44,6 +44,8 @@ class ScaleUpState:
         """A launch failed since the last plan (or a claim was lost): plan in the next scale-up whatever the gate."""
         self.check = check
         self.mismatches: list[Mismatch] = []
+        self.checked: dict[Gate, int] = {}
+        """Skipped plans compared so far, by the gate that skipped them (check mode)."""
 
     def request_plan(self) -> None:
         """Plan in the next scale-up (the gate's batch, cover and signature checks are skipped)."""
@@ -76,6 +78,7 @@ class ScaleUpState:
 
     def compare(self, now: float, gate: Gate, reference: ScaleUpDecision) -> None:
         """Check mode: record a skip whose plan (``reference``) has launch orders the last plan did not decide."""
+        self.checked[gate] = self.checked.get(gate, 0) + 1
         extra = sorted(o.seed for o in reference.launches if o.seed not in self.memo.seeds)
         if extra:
             self.mismatches.append(Mismatch(now, f"skipped plan ({gate})", (), tuple(extra)))
@@ -103,7 +106,7 @@ class Observation:
 
     def same_nodes(self, listed: object) -> bool:
         """True if ``listed`` is the node list observed last time (the same immutable tuple)."""
-        return listed is self.nodes_list
+        return self.nodes_list is not None and listed is self.nodes_list
 
     def keep_nodes(self, listed: object, nodes: Mapping[str, Node]) -> None:
         """Remember the normalised node list (only an immutable tuple can be recognised again)."""
