@@ -5,6 +5,9 @@ fgd,fill-reserve] [--file-order] [--json OUT.json]``. A workload is a shipped po
 ``gpushare40``, ``gpuspec10``, ``multigpu20``) or ``multigpuNN``, built from ``default`` with the openb rule
 (``gpuscale bench openb --multigpu NN``) when no such file is shipped. Each table is the same as
 ``.venv/bin/gpuscale bench openb --scorer NAME --pods ...`` (``--multigpu NN`` for the built variants).
+
+``--bound`` prints, instead, per workload and seed, a fluid bound on the unallocated share at k = 100 for runs that
+place every fractional pod arriving before k = 100 (see :func:`fluid_bound`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -20,14 +26,16 @@ from rich.console import Console
 from gpuscale.bench.openb import (
     DATA_DIR,
     DEFAULT_NODES,
+    arrival_sequence,
     load_workload,
     multigpu_variant,
     parse_seeds,
     render_table,
     run_bench,
 )
-from gpuscale.core.resources import Request
+from gpuscale.core.resources import MILLI_PER_GPU, Request
 from gpuscale.core.scoring import SCORERS
+from gpuscale.core.scoring.fillpair import cutting_stock_prices
 from gpuscale.core.state import NodeShape
 from gpuscale.errors import InputError
 
@@ -49,6 +57,25 @@ def workload_requests(workload: str) -> tuple[list[NodeShape], list[Request]]:
     return shapes, multigpu_variant(requests, float(built.group(1)))
 
 
+def fluid_bound(shapes: Sequence[NodeShape], requests: Sequence[Request], seed: int, shuffle: bool = True) -> float:
+    """Unallocated GPU share (%) at k = 100 below which no run goes that places every fractional pod arriving before
+    arrived demand reaches the capacity: the remnants of the fewest GPUs (fluid, by the cutting-stock LP, whose
+    optimum is what its dual prices pay) that hold those fractions, ignoring CPU, memory and GPU models. Runs that
+    let some fractions fail at the end may go below it."""
+    capacity = sum(s.capacity.gpus for s in shapes) * MILLI_PER_GPU
+    arrived = 0
+    counts: Counter[int] = Counter()
+    for i in arrival_sequence(requests, capacity, seed, shuffle=shuffle):
+        arrived += requests[i].gpu_demand_milli
+        if arrived > capacity:
+            break
+        if requests[i].gpu_milli:
+            counts[requests[i].gpu_milli] += 1
+    prices = cutting_stock_prices(counts)
+    gpus = sum(prices[s] * n for s, n in counts.items())
+    return 100.0 * (gpus * MILLI_PER_GPU - sum(s * n for s, n in counts.items())) / capacity
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", default="42-51")
@@ -56,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write all results to this JSON file")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--scorers", default="all", help="comma-separated scorer names, or all")
+    parser.add_argument("--bound", action="store_true", help="print the fluid bound at k=100 per seed instead")
     args = parser.parse_args(argv)
     console = Console()
     try:
@@ -68,6 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         out = []
         for workload in args.workloads.split(","):
             shapes, requests = workload_requests(workload)
+            if args.bound:
+                bounds = [fluid_bound(shapes, requests, s, shuffle=not args.file_order) for s in seeds]
+                console.print(f"{workload}: fluid bound at k=100, median {statistics.median(bounds):.2f} %; per seed "
+                              + ", ".join(f"{s}: {b:.2f}" for s, b in zip(seeds, bounds, strict=True)))  # fmt: skip
+                out.append({"workload": workload, "bound_k100": dict(zip(map(str, seeds), bounds, strict=True))})
+                continue
             results = [
                 run_bench(shapes, requests, name, seeds, workload=workload, shuffle=not args.file_order)
                 for name in names
