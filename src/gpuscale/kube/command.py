@@ -8,7 +8,6 @@ with back-off and reconciles pause until every watch is back (a decision on a st
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import logging
 import os
@@ -97,12 +96,12 @@ def _no_sim() -> InputError:
 
 
 def _warm_up() -> None:
-    """Import the planner and its solver now, so the first pending pod does not wait for SciPy to load."""
+    """Import the planner now, so the first pending pod does not wait for it to load. SciPy (about 40 MB) is not
+    imported: the planner loads it the first time an integer program must be solved (a round whose greedy plan is
+    provably optimal, such as pods of one kind, never loads it)."""
     import importlib
 
-    for module in ("gpuscale.core.planner", "scipy.optimize"):
-        with contextlib.suppress(ImportError):  # the solver extra is optional
-            importlib.import_module(module)
+    importlib.import_module("gpuscale.core.planner")
 
 
 def _setup_error(exc: KubeError) -> InputError:
@@ -143,6 +142,7 @@ class ControllerProcess:
     """Keep offering marks and back-offs on the OfferingAvailability ``gpuscale-controller``
     (:mod:`gpuscale.kube.availability_store`); False keeps them in memory only."""
     availability_store: KubeAvailabilityStore | None = field(default=None, init=False)
+    _gprs_served: bool = field(default=False, init=False)
     record_claims: bool = True
     """Keep a GPUNodeClaim per claim and restore the claims from them before the first round
     (:mod:`gpuscale.kube.nodeclaims`); False rebuilds claims from the provider's nodes alone."""
@@ -287,6 +287,9 @@ class ControllerProcess:
         """Admit new GPR objects and run one GPR manager pass (a failure is logged; the next round retries)."""
         if self.gpr_store is None or self.gpr_manager is None:
             return
+        if self._gprs_served and self._no_gpr_work():
+            return
+        self._gprs_served = True
         try:
             self.gpr_store.sync()
             report = self.gpr_manager.reconcile()
@@ -296,6 +299,15 @@ class ControllerProcess:
             return
         for err in report.errors:
             log.warning("GPR manager: %s", err)
+
+    def _no_gpr_work(self) -> bool:
+        """No GPR object in the cluster and no GPR node among the claims: a GPR manager pass would plan nothing, yet
+        list the provider's nodes (which waits for the launches just made), so it is skipped. A node launched for a
+        GPR is a claim of the controller's engine (adopted after a restart too) until it is gone, so its GPR's
+        deletion is still served; the first round always runs the pass."""
+        return not self.cache.objects("gpuprovisioningrequests") and not self.controller.gpr.keys(
+            self.controller.claims
+        )
 
     def _write_pool_status(self) -> None:
         """Each GPUNodePool's status: its live nodes, their GPUs and $/h, and a Ready condition (only on change)."""

@@ -54,10 +54,6 @@ def improve_with_milp(
     (solver missing, timed out without a better incumbent, or no gain).
     """
     time_limit_s = config.solver_time_limit_s
-    try:
-        from scipy.optimize import Bounds, LinearConstraint, milp
-    except ImportError:  # optional dependency
-        return None
     greedy_cost = sum(g.option.price * g.count for g in ctx.groups)
     demand: dict[int, int] = {}
     for g in ctx.groups:
@@ -67,18 +63,21 @@ def improve_with_milp(
     if not classes or len(classes) > config.milp_max_classes:
         return None
     cls_by_index = {c.index: c for c in pod_classes}
-    # Optimality certificate: every plan buys, for each class, some node able to host it. When the greedy plan costs
-    # no more than the dearest of those cheapest hosts, no integer program can beat it.
+    # Optimality certificate: every plan buys, for each class, some node able to host it, and room for all its pods
+    # (a node of an option holds at most ``solo`` of them, so they cost at least demand x the cheapest price per pod).
+    # When the greedy plan costs no more than the largest of these lower bounds, no integer program can beat it (the
+    # solver is then neither imported nor run: a pods-only round of one class, the common case, never needs SciPy).
     floor = 0.0
     for k in classes:
         cls = cls_by_index[k]
         hosts = [
-            o.price
+            (o.price, o.price / n)
             for o, n in zip(choices.feasible(cls), choices.solo(cls), strict=True)
             if o.unavailable_until is None and n > 0
         ]
-        floor = max(floor, min(hosts, default=0.0))
-    if greedy_cost <= floor + 1e-9:
+        if hosts:
+            floor = max(floor, min(p for p, _ in hosts), demand[k] * min(r for _, r in hosts))
+    if greedy_cost <= floor * (1 + 1e-12) + 1e-9:
         return None
     columns: list[tuple[Option, dict[int, int]]] = []
     seen: set[tuple[int, tuple[tuple[int, int], ...]]] = set()
@@ -120,6 +119,10 @@ def improve_with_milp(
                     pattern[j] = pattern.get(j, 0) + n
             add(o, pattern)
     if len(columns) > 20000:
+        return None
+    try:
+        from scipy.optimize import Bounds, LinearConstraint, milp  # imported only when a program is solved
+    except ImportError:  # optional dependency
         return None
     ncol = len(columns)
     cost = np.array([o.price for o, _ in columns])
