@@ -13,8 +13,9 @@ import pytest
 from builders import ONE_CLOUD as CATALOG
 from builders import ONE_CLOUD_POOL as POOL
 from builders import pod
+from gpuscale.controller.claims import ClaimTable
 from gpuscale.controller.config import ControllerConfig
-from gpuscale.controller.gprnodes import request_of
+from gpuscale.controller.gprnodes import WRITE_GRACE_S, GprNodes, request_of
 from gpuscale.controller.loop import Controller, EventKind
 from gpuscale.core.gpr import (
     GPR_LABEL,
@@ -26,8 +27,10 @@ from gpuscale.core.gpr import (
     is_gpr_request_id,
     spec_from_dict,
 )
-from gpuscale.core.model import Disruption, DisruptionBudget
+from gpuscale.core.model import CapacityType, Disruption, DisruptionBudget, Node
+from gpuscale.core.nodeclaim import ClaimPhase, NodeClaim
 from gpuscale.core.plan import PlannerConfig
+from gpuscale.core.resources import Resources
 from gpuscale.gpr.manager import GprManager
 from gpuscale.gpr.store import GprStore
 from test_engine_gprs import SPEC, _Rig
@@ -256,3 +259,56 @@ def test_a_crash_while_a_node_is_borrowed_or_given_back_neither_leaks_nor_double
         assert GPR_LABEL not in labels and GPR_TAINT not in taints
     assert [n.node_name for n in rig.cloud.alive()] == [name] and rig.cloud.counters.duplicate_nodes == 0
     assert {n.node_id for n in rig.cloud.alive()} <= {c.node_id for c in rig.ctrl.claims.values()}
+
+
+# ------------------------------------------------------------------------------- which nodes a GPR holds (table)
+def _claim(key: str, node: str) -> tuple[str, NodeClaim]:
+    c = NodeClaim(key, "gpu", "g2-rtx4000a1-s", "z", CapacityType.ON_DEMAND, phase=ClaimPhase.INITIALIZED)
+    return key, replace(c, node_name=node, node_id=f"id-{node}" if node else "")
+
+
+LAUNCHED = "gpr-aaaa-a0"  # a claim of GPR gpr-aaaa's launch
+HELD_CASES = [
+    # (claim key, its node, that Node's GPR label or ... when no Node is seen, held?)
+    (LAUNCHED, "", ..., True),  # launched, in flight: the GPR's
+    (LAUNCHED, "n1", ..., True),  # launched, Node not seen yet
+    (LAUNCHED, "n1", "gpr-aaaa", True),  # launched and labelled by its GPR
+    (LAUNCHED, "n1", None, False),  # given back to its pool
+    (LAUNCHED, "n1", "gpr-bbbb", True),  # given back, then borrowed by another GPR
+    ("up-1", "n1", "gpr-bbbb", True),  # a pod node a GPR borrowed
+    ("up-1", "n1", None, False),  # an ordinary node
+    ("up-1", "", ..., False),  # an ordinary node in flight
+]
+
+
+@pytest.mark.parametrize(("key", "node", "label", "held"), HELD_CASES)
+def test_which_claims_a_gpr_holds(key: str, node: str, label: Any, held: bool) -> None:
+    table = ClaimTable()
+    k, c = _claim(key, node)
+    table[k] = c
+    gpr = GprNodes()
+    assert gpr.keys(table) == frozenset()  # nothing until a GPR manager uses the engine
+    gpr.enabled = True
+    nodes = {} if label is ... else {node: Node(node, Resources(gpus=1), labels={GPR_LABEL: label} if label else {})}
+    gpr.observe(nodes, 0.0)
+    assert (k in gpr.keys(table)) is held
+
+
+def test_a_label_just_written_counts_until_the_node_shows_it_or_the_grace_ends() -> None:
+    table = ClaimTable()
+    k, c = _claim("up-1", "n1")
+    table[k] = c
+    gpr = GprNodes()
+    gpr.enabled = True
+    unlabelled = {"n1": Node("n1", Resources(gpus=1))}
+    gpr.observe(unlabelled, 0.0)
+    gpr.wrote("n1", "gpr-aaaa", 0.0)  # borrowed: held at once, before the watch shows the label
+    assert gpr.keys(table) == {k}
+    gpr.observe(unlabelled, 5.0)  # a lagging watch: the write still counts
+    assert gpr.keys(table) == {k}
+    gpr.observe(unlabelled, 5.0 + WRITE_GRACE_S + 1)  # the write never showed: the Node is believed
+    assert gpr.keys(table) == frozenset()
+    labelled = {"n1": Node("n1", Resources(gpus=1), labels={GPR_LABEL: "gpr-aaaa"})}
+    gpr.observe(labelled, 200.0)
+    gpr.wrote("n1", None, 200.0)  # given back: free at once
+    assert gpr.keys(table) == frozenset()
