@@ -6,11 +6,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from builders import OD, catalog, itype, node, pod, pool
 from gpuscale.core.gpr import GPR_LABEL, gpr_node_taints, gpr_toleration
 from gpuscale.core.model import Pod, Snapshot, Toleration
 from gpuscale.core.plan import BlockReason, PlannerConfig
 from gpuscale.core.planner import plan
+from gpuscale.core.predicates import gpr_workload_failure, static_failure
 
 GID = "gpr-0123456789ab"
 WORKLOADS = {GID: {"team": "train"}}
@@ -79,3 +83,47 @@ def test_explain_names_a_few_gpr_nodes_and_counts_the_rest() -> None:
     snap = Snapshot((_pod("outsider", {"team": "infer"}),), nodes, (), CAT, workloads=WORKLOADS)
     message = plan(snap, PlannerConfig(), 0.0).blocked[0].message
     assert message.count("is held by GPR") == 3 and message.endswith("2 more GPR node(s) refuse it likewise")
+
+
+GPRS = ("gpr-aaaaaaaaaaaa", "gpr-bbbbbbbbbbbb")
+TEAMS = ("train", "infer", "web")
+
+
+@st.composite
+def gpr_snapshots(draw: st.DrawFn) -> Snapshot:
+    """Nodes, some held by one of two GPRs (label and taint); pods with random team labels and tolerations (none,
+    one GPR's, everything); each GPR active or not, selecting a random team (or nothing)."""
+    nodes = []
+    for k in range(draw(st.integers(1, 5))):
+        held = draw(st.sampled_from((None, *GPRS)))
+        labels = {GPR_LABEL: held} if held else {}
+        taints = tuple(gpr_node_taints(held)) if held else ()
+        nodes.append(node(f"n{k}", 4000, 16384, draw(st.sampled_from((0, 1, 2))), "RTX", labels=labels, taints=taints))
+    pods = []
+    for k in range(draw(st.integers(1, 12))):
+        tols = draw(st.sampled_from(((), (Toleration(operator="Exists"),), (gpr_toleration(GPRS[0]),))))
+        p = _pod(f"p{k:02d}", {"team": draw(st.sampled_from(TEAMS))}, tols)
+        pods.append(replace(p, request=replace(p.request, gpus=draw(st.sampled_from((0, 1))))))
+    workloads = {}
+    for g in GPRS:
+        if draw(st.booleans()):
+            workloads[g] = draw(st.sampled_from(({}, {"team": "train"}, {"team": "infer"})))
+    pools = draw(st.sampled_from(((), (POOL,))))
+    return Snapshot(tuple(pods), tuple(nodes), pools, CAT, workloads=workloads)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(gpr_snapshots())
+def test_no_pod_is_ever_placed_on_a_node_the_gpr_rule_refuses(snap: Snapshot) -> None:
+    result = plan(snap, PlannerConfig(exact_solver=False), 0.0)
+    by_name = {n.name: n for n in snap.nodes}
+    pods = {p.key: p for p in snap.pods}
+    for key, where in result.placements.items():
+        n = by_name.get(where)
+        if n is not None:
+            assert static_failure(pods[key], n.labels, n.taints, n.unschedulable, snap.workloads) is None
+    for b in result.blocked:  # every GPR node that refused a blocked pod only for the rule is named in its reason
+        for n in snap.nodes:
+            refused = gpr_workload_failure(pods[b.pod], n.labels, snap.workloads)
+            if refused is not None and static_failure(pods[b.pod], n.labels, n.taints) is None:
+                assert f"node {n.name} is held by GPR" in b.message or "more GPR node(s)" in b.message
