@@ -14,7 +14,7 @@ from gpuscale.catalogs import load_catalog
 from gpuscale.core.nodeclaim import REQUEST_ID_LABEL
 from gpuscale.fakes.kube_api import KubeAPIEmulator, KubeAPIServer
 from gpuscale.kube.command import ControllerProcess
-from gpuscale.kube.kwok import KwokProvider
+from gpuscale.kube.kwok import KwokConfig, KwokProvider
 from gpuscale.providers.base import CloudNode, LaunchRequest
 from kube_harness import CONFIG, client_for, kwok_pool
 from test_kube_e2e import World, gpu_pod
@@ -58,11 +58,13 @@ class LaggingKwok(KwokProvider):
 class ClaimWorld(World):
     """The e2e world whose controller runs on a :class:`LaggingKwok` (replaced on each start by ``next_provider``)."""
 
-    def __init__(self, server: KubeAPIServer, *, check: bool = True, **provider: Any) -> None:
+    def __init__(
+        self, server: KubeAPIServer, *, check: bool = True, kwok: KwokConfig | None = None, **provider: Any
+    ) -> None:
         self.check = check
         self.next_provider = provider
         self.providers: list[LaggingKwok] = []
-        super().__init__(server)
+        super().__init__(server, kwok)
 
     def start(self) -> ControllerProcess:
         client = client_for(self.server)
@@ -140,7 +142,7 @@ def test_a_scale_up_is_recorded_until_initialized_and_the_record_goes_with_the_n
 def test_killed_between_the_launch_call_and_the_listing_a_restart_relaunches_the_same_id(
     server: KubeAPIServer,
 ) -> None:
-    w = ClaimWorld(server, crash=True)
+    w = ClaimWorld(server, kwok=KwokConfig(device_plugin_delay_s=30.0), crash=True)
     try:
         server.create("pods", gpu_pod("job-0"), namespace="ml")
         w.scheduler.step()
@@ -154,17 +156,21 @@ def test_killed_between_the_launch_call_and_the_listing_a_restart_relaunches_the
         assert record.get("status", {}).get("phase", "Requested") == "Requested"
         assert record["spec"]["pods"] == ["ml/job-0"]
         assert len(w.kwok_nodes()) == 1, "the node was made"
+        # meanwhile the job's pod is replaced by one of another name: a fresh plan would launch under a new id
+        server.delete("pods", "job-0", namespace="ml")
+        server.create("pods", gpu_pod("job-1"), namespace="ml")
+        w.scheduler.step()
 
-        w.next_provider = {"hidden": 2}  # the new controller's first lists do not show the node yet
+        w.next_provider = {"hidden": 3}  # the new controller's first lists do not show the node yet
         w.proc = w.start()
         w.round(1)
         restarted = w.providers[1]
         claim = w.proc.controller.claims[rid]
         assert claim.pods == ("ml/job-0",), "restored from the record (an adopted node has no pods)"
-        assert restarted.launched == [rid], "launched again under the recorded id"
-        w.until(lambda: _bound(server, "job-0") is not None)
+        assert restarted.launched == [rid], "launched again under the recorded id, nothing else"
+        w.until(lambda: _bound(server, "job-1") is not None, advance=10)
+        assert len(w.kwok_nodes()) == 1 and restarted.launched == [rid], "no duplicate node"
         w.until(lambda: _records(server)[rid].get("status", {}).get("phase") == "Initialized")
-        assert len(w.kwok_nodes()) == 1 and set(restarted.launched) == {rid}, "no duplicate node"
         assert list(_records(server)) == [rid]
     finally:
         w.close()
