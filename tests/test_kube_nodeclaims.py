@@ -249,3 +249,13 @@ def test_refused_writes_are_retried_in_a_later_round_without_holding_a_round_up(
             assert time.perf_counter() - started < 10
         finally:
             w.close()
+
+
+def test_kubectl_get_gpunodeclaims_shows_phase_type_node_and_age() -> None:
+    from gpuscale.manifests.crds import crd_specs
+
+    spec = next(s for s in crd_specs() if s.kind == "GPUNodeClaim")
+    columns = {c["name"]: c for c in spec.manifest()["spec"]["versions"][0]["additionalPrinterColumns"]}
+    assert columns["Phase"]["jsonPath"] == ".status.phase" and columns["Node"]["jsonPath"] == ".status.nodeName"
+    assert columns["Type"]["jsonPath"] == ".spec.instanceType" and columns["Age"]["type"] == "date"
+    assert "priority" not in columns["Phase"] and "priority" not in columns["Node"], "shown without -o wide"
