@@ -82,7 +82,7 @@ def test_a_gpr_arriving_while_a_fitting_free_node_exists_borrows_it_instead_of_l
     labels, taints = rig.node(name)
     assert labels[GPR_LABEL] == gid and GPR_TAINT in taints
     assert rig.events(EventKind.GPR_BORROW, name)
-    rig.run(rig.engine.now() + 1800.0)  # far past consolidateAfter: a held node is never consolidated
+    rig.run(rig.engine.now() + 700.0)  # past consolidateAfter (600 s): a held node is never consolidated
     assert rig.events(EventKind.CONSOLIDATE, name) == []
     assert [n.node_name for n in rig.cloud.alive()] == [name]
     assert rig.cloud.counters.duplicate_nodes == 0
@@ -174,7 +174,7 @@ def test_a_released_gprs_node_is_reused_by_the_next_gpr_across_a_restart(tmp_pat
     assert g.state is GprState.PROVISIONED and g.status.inventory_nodes == (name,)
     assert len(rig.gpr_launches()) == 1  # the first GPR's launch only
     rig.restart()  # both processes: the borrow is rebuilt from the node's label
-    rig.run(rig.engine.now() + 1800.0)
+    rig.run(rig.engine.now() + 700.0)
     assert rig.manager.get(second).state is GprState.PROVISIONED
     assert rig.node(name)[0][GPR_LABEL] == second
     assert rig.events(EventKind.DRAIN, name) == [] and rig.events(EventKind.CONSOLIDATE, name) == []
@@ -190,7 +190,7 @@ def test_a_restart_mid_way_keeps_the_borrow_without_leak_or_duplicate(tmp_path: 
     rig.manager.reconcile()  # borrowed (labelled) by the manager; the controller has not run since
     assert rig.node(name)[0][GPR_LABEL] == gid
     rig.restart()
-    rig.run(rig.engine.now() + 1800.0)
+    rig.run(rig.engine.now() + 700.0)
     g = rig.manager.get(gid)
     assert g.state is GprState.PROVISIONED and g.status.inventory_nodes == (name,)
     assert rig.gpr_launches() == [] and [n.node_name for n in rig.cloud.alive()] == [name]
