@@ -61,7 +61,6 @@ from gpuscale.core.nodeclaim import TIMED_PHASES, ClaimPhase, deadline
 from gpuscale.core.plan import ScaleUpPlan
 from gpuscale.core.reconcile import (
     EventKind,
-    Fleet,
     expire_deadlines,
     on_provider_events,
     progress_replacements,
@@ -115,9 +114,6 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
         self.catalog = catalog
         self.clock = clock
         self.config = config or ControllerConfig()
-        self._fleet = Fleet(self.pools, catalog.by_name())
-        """What may be launched: the pools and instance types by name."""
-        self._rules = self.config.rules()
         self.claims = ClaimTable()
         """Live node claims by request id (indexed by phase)."""
         self.availability = availability if availability is not None else Availability()

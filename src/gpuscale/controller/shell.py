@@ -46,6 +46,7 @@ from gpuscale.core.reconcile import (
     MarkUnavailable,
     Note,
     Outcome,
+    Rules,
     SetClaim,
     start_drain,
 )
@@ -141,7 +142,6 @@ class ShellBase:
     launcher: Launcher
     gate: ConsolidationGate
     gpr: GprNodes
-    _fleet: Fleet
     observed: Observation
     scaleup: ScaleUpState
     replacements: Replacements
@@ -149,8 +149,18 @@ class ShellBase:
     deletions: Deletions
 
     @property
+    def _fleet(self) -> Fleet:
+        """What may be launched: the pools and instance types by name (from the configuration)."""
+        return Fleet(self.pools, self.catalog.by_name())
+
+    @property
     def _types(self) -> Mapping[str, InstanceType]:
-        return self._fleet.types
+        return self.catalog.by_name()
+
+    @property
+    def _rules(self) -> Rules:
+        """The settings of the pure claim decisions (from the configuration)."""
+        return self.config.rules()
 
     def _apply(self, d: Decisions, w: World) -> None:
         """Carry out a pure decision record, in order."""
