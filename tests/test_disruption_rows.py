@@ -5,16 +5,19 @@ every pod (first on ties), same GPUs taken, same pods left over, over chains of 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 
 from builders import node, pod, taint
+from gpuscale.core import labels as L
 from gpuscale.core.disruption.candidates import sort_pods
 from gpuscale.core.disruption.plan import _Rows, _Sim
+from gpuscale.core.disruption.replacement import fits_one_node
 from gpuscale.core.model import Node, Pod, Toleration
 from gpuscale.core.predicates import static_fit
-from gpuscale.core.resources import MILLI_PER_GPU
-from gpuscale.core.state import ClusterState
+from gpuscale.core.resources import MILLI_PER_GPU, Resources
+from gpuscale.core.state import ClusterState, NodeShape
 
 MODELS = ("T4", "A100", None)
 
@@ -115,3 +118,28 @@ def test_rows_and_best_fit_match_cluster_state() -> None:
             sim.state, ref = new_rows, ref_state
             if exclude >= 0:
                 sim.usable[exclude] = usable[exclude] = False
+
+
+def _fits_one_node_reference(pods: list[Pod], model: str | None, alloc: Resources) -> bool:
+    st = ClusterState([NodeShape("new", alloc, model)])
+    for p in sort_pods(pods):
+        if not st.fits_one(p.request, 0):
+            return False
+        st.place(p.request, 0)
+    return True
+
+
+def test_fits_one_node_binds_as_cluster_state() -> None:
+    rng = random.Random(11)
+    answers = set()
+    for trial in range(600):
+        gpus = rng.choice((0, 1, 2, 4, 8))
+        model = rng.choice(("T4", "A100")) if gpus else None
+        alloc = Resources(rng.choice((8000, 32000)), rng.choice((32000, 128000)), gpus, rng.choice((3, 110)))
+        pods = [_random_pod(rng, f"r{trial}-{k}", None) for k in range(rng.randrange(1, 7))]
+        pods = [replace(p, tolerations=()) for p in pods]
+        labels = {L.GPU_PRODUCT: model} if model else {}
+        got = fits_one_node(pods, labels, (), alloc)
+        assert got == _fits_one_node_reference(pods, model, alloc)
+        answers.add(got)
+    assert answers == {True, False}

@@ -27,7 +27,7 @@ from gpuscale.core.plan import PlannerConfig
 from gpuscale.core.planner import plan
 from gpuscale.core.predicates import static_fit
 from gpuscale.core.resources import MILLI_PER_GPU, Resources
-from gpuscale.core.state import ClusterState, NodeShape
+from gpuscale.core.state import ABSENT_GPU, best_gpu, fits_room
 from gpuscale.core.templates import pool_templates, pool_totals, template_allocatable
 
 
@@ -88,11 +88,24 @@ def fits_one_node(pods: Sequence[Pod], labels: Mapping[str, str], taints: tuple[
         return False
     if any(static_fit(p, labels, taints) is not None for p in pods):
         return False
-    st = ClusterState([NodeShape("new", alloc, labels.get(L.GPU_PRODUCT))])
+    # bind them one by one on a fresh node, as ClusterState.fits_one and place would (plain ints: one row)
+    model = labels.get(L.GPU_PRODUCT)
+    cpu, mem, slots = alloc.cpu_milli, alloc.memory_mib, alloc.pods
+    row = [MILLI_PER_GPU] * alloc.gpus if alloc.gpus > 0 else [ABSENT_GPU]
+    full, top = row.count(MILLI_PER_GPU), max(row)
     for p in sort_pods(pods):
-        if not st.fits_one(p.request, 0):
+        r = p.request
+        if not fits_room(r, cpu, mem, slots, full, top, model):
             return False
-        st.place(p.request, 0)
+        cpu -= r.cpu_milli
+        mem -= r.memory_mib
+        slots -= 1
+        if r.gpus:
+            for g in [g for g, v in enumerate(row) if v == MILLI_PER_GPU][: r.gpus]:
+                row[g] -= MILLI_PER_GPU
+        elif r.gpu_milli:
+            row[best_gpu(row, r.gpu_milli)] -= r.gpu_milli
+        full, top = row.count(MILLI_PER_GPU), max(row)
     return True
 
 
