@@ -19,6 +19,7 @@ from gpuscale.core.model import (
     Offering,
     OfferingKey,
     Pod,
+    PoolLimits,
     Snapshot,
 )
 from gpuscale.core.plan import Blocked, BlockReason, Launch, PlannerConfig, ScaleUpPlan
@@ -36,6 +37,7 @@ from gpuscale.core.reconcile.scaleup import (
     launch_orders,
     min_node_orders,
     plan_signature,
+    pool_limit_refusal,
 )
 from gpuscale.core.resources import Request, Resources
 from gpuscale.core.templates import template_allocatable, template_labels
@@ -211,6 +213,26 @@ def test_min_node_orders() -> None:
     assert out.blocked == ("b",)  # g4 is marked unavailable; c is backed off
     assert min_node_orders([a, b, c], {"a": 1, "b": 0}, CATALOG, gone, (), {"c"}, 60.0).blocked == ()
     assert min_node_orders([a], {"a": 3}, CATALOG, {}, (), (), 0.0).launches == ()
+
+
+@pytest.mark.parametrize(
+    ("max_nodes", "limits", "count", "used_gpus", "refusal"),
+    [
+        (None, PoolLimits(), 50, 50, None),
+        (3, PoolLimits(), 2, 2, None),
+        (3, PoolLimits(), 3, 3, "pool gpu has 3 of maxNodes=3 nodes"),
+        (None, PoolLimits(gpus=8), 1, 4, None),  # 4 + a g4's 4 = 8: fits
+        (None, PoolLimits(gpus=8), 1, 5, "a g4 would exceed the limits of pool gpu"),
+        (None, PoolLimits(cpu_milli=40_000), 1, 0, None),  # 8 CPUs used + 32 = 40
+        (None, PoolLimits(cpu_milli=39_999), 1, 0, "a g4 would exceed the limits of pool gpu"),
+    ],
+)
+def test_pool_limit_refusal(
+    max_nodes: int | None, limits: PoolLimits, count: int, used_gpus: int, refusal: str | None
+) -> None:
+    pool = replace(POOL, max_nodes=max_nodes, limits=limits)
+    used = Resources(8000, 32768, used_gpus)
+    assert pool_limit_refusal(pool, CATALOG.by_name()["g4"], count, used) == refusal
 
 
 # ---------------------------------------------------------------------------------------- random observations

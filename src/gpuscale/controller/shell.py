@@ -50,6 +50,7 @@ from gpuscale.core.reconcile import (
     SetClaim,
     start_drain,
 )
+from gpuscale.core.reconcile.scaleup import pool_limit_refusal
 from gpuscale.core.resources import Resources
 from gpuscale.core.templates import template_allocatable, template_labels
 from gpuscale.providers.base import CloudNode, LaunchRequest, Provider, ProviderEvent
@@ -293,11 +294,7 @@ class ShellBase:
         if pool.max_nodes is None and not pool.limits.bounded:
             return None  # nothing to count against
         count, used = self._pool_usage(pool.name, w)
-        if pool.max_nodes is not None and count + 1 > pool.max_nodes:
-            return f"pool {pool.name} has {count} of maxNodes={pool.max_nodes} nodes"
-        if not pool.limits.allows(used + replace(it.capacity, pods=0)):
-            return f"a {it.name} would exceed the limits of pool {pool.name}"
-        return None
+        return pool_limit_refusal(pool, it, count, used)
 
     def _launch_new(
         self,

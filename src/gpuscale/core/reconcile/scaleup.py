@@ -17,6 +17,9 @@ what they return):
 3. :func:`min_node_orders` gives the ``minNodes`` launches once the scale-up's launches were carried out (so a
    node the scale-up failed to launch leaves its room to ``minNodes``).
 
+Before each launch (of these orders, replacements and retries alike) :func:`pool_limit_refusal` checks the pool's
+``maxNodes`` and ``limits`` against the claims and Nodes counted at that moment.
+
 :class:`PlanningMemo` is what one plan leaves for the next round's gate (see :func:`gate_scale_up`).
 """
 
@@ -28,9 +31,10 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from gpuscale.core.disruption import pool_offerings
-from gpuscale.core.model import CapacityType, Catalog, Node, NodePool, OfferingKey, Pod, Snapshot
+from gpuscale.core.model import CapacityType, Catalog, InstanceType, Node, NodePool, OfferingKey, Pod, Snapshot
 from gpuscale.core.plan import Blocked, BlockReason, PlannerConfig, ScaleUpPlan
 from gpuscale.core.reconcile.launching import Outcome
+from gpuscale.core.resources import Resources
 
 PlanFn = Callable[[Snapshot, PlannerConfig, float], ScaleUpPlan]
 """The planner's signature (:func:`gpuscale.core.planner.plan`)."""
@@ -299,6 +303,17 @@ def effective_pools(
             q = replace(q, max_nodes=counts.get(p.name, 0))
         out.append(q)
     return out
+
+
+def pool_limit_refusal(pool: NodePool, it: InstanceType, count: int, used: Resources) -> str | None:
+    """Why one more ``it`` node would break ``pool``'s ``maxNodes`` or ``limits`` when the pool has ``count`` nodes
+    of raw capacity ``used`` (every claim but Gone ones and Failed ones without a node, and every Node of the pool
+    gpuscale did not launch), or None if it fits. Checked before each launch, whatever decided it."""
+    if pool.max_nodes is not None and count + 1 > pool.max_nodes:
+        return f"pool {pool.name} has {count} of maxNodes={pool.max_nodes} nodes"
+    if not pool.limits.allows(used + replace(it.capacity, pods=0)):
+        return f"a {it.name} would exceed the limits of pool {pool.name}"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
