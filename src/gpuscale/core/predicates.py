@@ -167,13 +167,14 @@ def static_failure(
             have = labels.get(k)
             detail = f"nodeSelector {k}={v} (node has {k}={have})" if have is not None else f"nodeSelector {k}={v}"
             return FitFailure(FitFailureKind.NODE_SELECTOR, detail, key=k)
-    if not match_affinity(pod.affinity, labels):
+    if pod.affinity and not match_affinity(pod.affinity, labels):  # no required affinity matches every node
         req = first_failing_requirement(pod.affinity, labels)
         detail = f"required node affinity {req}" if req else "required node affinity (empty term)"
         return FitFailure(FitFailureKind.AFFINITY, detail, key=req.key if req else "")
-    bad = untolerated(pod.tolerations, taints)
-    if bad:
-        return FitFailure(FitFailureKind.TAINT, f"taint {bad[0]} not tolerated", key=bad[0].key)
+    if taints:  # an empty collection of taints blocks nothing (any other iterable is looked at)
+        bad = untolerated(pod.tolerations, taints)
+        if bad:
+            return FitFailure(FitFailureKind.TAINT, f"taint {bad[0]} not tolerated", key=bad[0].key)
     return gpr_workload_failure(pod, labels, workloads) if workloads else None
 
 
