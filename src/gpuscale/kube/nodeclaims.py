@@ -175,6 +175,8 @@ class NodeClaimWriter:
                 want = self._want[k]
                 if want is None and k not in self._have and k not in self._bad:
                     del self._want[k]  # never written: nothing to delete
+                    self._retry_at.pop(k, None)
+                    self._failures.pop(k, None)
                     continue
                 if want is not None and self._have.get(k) == want["status"] and k not in self._bad:
                     del self._want[k]  # the server has it already
