@@ -90,8 +90,10 @@ class ClaimWorld(World):
 
     def kill(self) -> None:
         """Stop the process without any shutdown write."""
+        if self.proc.scalers is not None:
+            self.proc.scalers.close()
         self.proc.cache.stop()
-        time.sleep(0.05)  # let the watches see their cancellation
+        time.sleep(0.1)  # let the watches see their cancellation
         self.proc.client.close()
 
 
