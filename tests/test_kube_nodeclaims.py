@@ -15,6 +15,7 @@ from gpuscale.core.nodeclaim import REQUEST_ID_LABEL
 from gpuscale.fakes.kube_api import KubeAPIEmulator, KubeAPIServer
 from gpuscale.kube.command import ControllerProcess
 from gpuscale.kube.kwok import KwokConfig, KwokProvider
+from gpuscale.manifests.nodeclaims import rfc3339
 from gpuscale.providers.base import CloudNode, LaunchRequest
 from kube_harness import CONFIG, client_for, kwok_pool
 from test_kube_e2e import World, gpu_pod
@@ -261,3 +262,23 @@ def test_kubectl_get_gpunodeclaims_shows_phase_type_node_and_age() -> None:
     assert columns["Phase"]["jsonPath"] == ".status.phase" and columns["Node"]["jsonPath"] == ".status.nodeName"
     assert columns["Type"]["jsonPath"] == ".spec.instanceType" and columns["Age"]["type"] == "date"
     assert "priority" not in columns["Phase"] and "priority" not in columns["Node"], "shown without -o wide"
+
+
+def test_launch_attempts_are_kept_on_the_record_and_restored(server: KubeAPIServer) -> None:
+    _put(server, _record("gs-retry"), phase="Requested", phaseSince="1970-01-12T13:45:30Z", launchAttempts=2)
+    w = ClaimWorld(server)
+    try:
+        w.settle()
+        proc, writer = w.proc, w.proc.nodeclaims
+        assert writer is not None
+        restored = writer.restore(proc.controller, proc.cache.objects(RES), {})
+        assert restored is not None and list(restored.claims) == ["gs-retry"]
+        assert proc.controller.launcher.attempts == {"gs-retry": 2}
+        proc.controller.launcher.attempts["gs-retry"] = 3  # another failed try
+        writer.flush()
+        w.written()
+        status = _records(server)["gs-retry"]["status"]
+        assert status["launchAttempts"] == 3 and status["phase"] == "Requested"
+        assert status["phaseSince"] == rfc3339(w.clock.now()), "a fresh launch deadline"
+    finally:
+        w.close()
