@@ -22,6 +22,7 @@ from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 
 from gpuscale.kube.client import KubeClient, KubeError, as_kube_error
+from gpuscale.kube.podrecord import compact_pod
 
 __all__ = ["QUIET", "WATCHED", "KubeCache", "Watched"]
 
@@ -38,6 +39,8 @@ class Watched:
     resource: Any
     rbac: str
     namespaced: bool = False
+    record: Callable[[Obj], Obj] | None = None
+    """What the cache keeps of each object (default: the object without ``managedFields``)."""
 
     @property
     def scope(self) -> dict[str, str]:
@@ -48,7 +51,8 @@ class Watched:
 Pod = create_namespaced_resource("", "v1", "Pod", "pods")
 Node = create_global_resource("", "v1", "Node", "nodes")
 """Pods and Nodes are read as plain dicts (lightkube's generic resources), not typed models: the cache keeps the
-decoded JSON as is, with no model built and converted back for each of thousands of objects."""
+decoded JSON (of a pod, only the fields gpuscale reads: :mod:`gpuscale.kube.podrecord`), with no model built and
+converted back for each of thousands of objects."""
 GPUNodePool = create_global_resource("gpuscale.io", "v1alpha1", "GPUNodePool", "gpunodepools")
 GPUNodeClaim = create_global_resource("gpuscale.io", "v1alpha1", "GPUNodeClaim", "gpunodeclaims")
 OfferingAvailability = create_global_resource(
@@ -59,7 +63,7 @@ GPUProvisioningRequest = create_namespaced_resource(
 )
 
 WATCHED: tuple[Watched, ...] = (
-    Watched("pods", Pod, "pods", True),
+    Watched("pods", Pod, "pods", True, compact_pod),  # a compact record per pod: the cache holds every pod
     Watched("nodes", Node, "nodes"),
     Watched("poddisruptionbudgets", PodDisruptionBudget, "poddisruptionbudgets.policy", True),
     Watched("daemonsets", DaemonSet, "daemonsets.apps", True),
@@ -72,6 +76,11 @@ WATCHED: tuple[Watched, ...] = (
 QUIET = frozenset({"gpunodeclaims"})
 """Resources whose changes do not call the :meth:`KubeCache.on_change` listeners: the controller's own records,
 read back only at a restart (each of its writes would otherwise wake another round)."""
+
+
+LIST_PAGE = 500
+"""Objects per page of a list (``limit``, as informers list): the decoded JSON of one page at a time, not of every
+pod of the cluster at once, is held beside the cache's records."""
 
 
 def raw(obj: Any) -> Obj:
@@ -89,6 +98,10 @@ def slim(obj: Obj) -> Obj:
     if isinstance(meta, dict):
         meta.pop("managedFields", None)
     return obj
+
+
+def _keep(w: Watched, obj: Any) -> Obj:
+    return w.record(raw(obj)) if w.record is not None else slim(raw(obj))
 
 
 def obj_key(obj: Obj) -> str:
@@ -189,10 +202,10 @@ class KubeCache:
             fn()
 
     async def _relist(self, w: Watched) -> str:
-        listing = self.client.api.list(w.resource, **w.scope)
+        listing = self.client.api.list(w.resource, chunk_size=LIST_PAGE, **w.scope)
         items = {}
         async for obj in listing:
-            d = slim(raw(obj))
+            d = _keep(w, obj)
             items[obj_key(d)] = d
         rv = listing._resourceVersion or ""  # set once the list was read, also when it had no items
         with self._lock:
@@ -223,7 +236,7 @@ class KubeCache:
                 async for kind, obj in self.client.api.watch(
                     w.resource, resource_version=rv, server_timeout=self.watch_timeout_s, **w.scope
                 ):
-                    d = slim(raw(obj))
+                    d = _keep(w, obj)
                     rv = (d.get("metadata") or {}).get("resourceVersion") or rv
                     self._apply(w, kind, d)
                     backoff = self.min_backoff_s
