@@ -77,6 +77,47 @@ class Mismatch:
     reference: object
 
 
+class _Targets:
+    """Nodes whose room grew this round (as the gate sees them: schedulable, with their free CPU, memory and GPU over
+    all GPUs, worked out once per round), for :meth:`may_take`."""
+
+    __slots__ = ("_by_node", "_nodes", "_room", "names")
+
+    def __init__(self, names: set[str], nodes: Mapping[str, Node], by_node: Mapping[str, Sequence[Pod]]) -> None:
+        self.names = names
+        self._nodes = nodes
+        self._by_node = by_node
+        self._room: list[tuple[Node, int, int, int]] | None = None
+
+    def may_take(self, movers: Sequence[Pod], own: str) -> bool:
+        """True if any of ``movers`` might fit on any grown node other than ``own`` (an over-estimate: total free
+        GPU, CPU, memory). Room that grew only on nodes none of a node's pods fit leaves the outcome of
+        re-simulating it unchanged."""
+        if not movers or not self.names or (len(self.names) == 1 and own in self.names):
+            return False
+        if self._room is None:
+            nodes = self._nodes
+            self._room = []
+            for t in self.names:
+                n = nodes.get(t)
+                if n is not None and not n.unschedulable:
+                    cpu, mem, gpu, _ = free_room(n, self._by_node.get(t, ()))
+                    self._room.append((n, cpu, mem, gpu))
+        for n, cpu, mem, gpu in self._room:
+            if n.name == own:
+                continue
+            for p in movers:
+                r = p.request
+                if (
+                    r.cpu_milli <= cpu
+                    and r.memory_mib <= mem
+                    and r.gpu_demand_milli <= gpu
+                    and static_fit(p, n.labels, n.taints) is None
+                ):
+                    return True
+        return False
+
+
 class ConsolidationGate:
     """Clocks, caches and skips of the consolidation step (see the module docstring for the invariant)."""
 
@@ -158,15 +199,18 @@ class ConsolidationGate:
         grown = left_some | room_grew
         touched = pods_moved | room_grew | (prev_room.keys() - room.keys())
         self._room = (by_node, room, frozenset(disrupting), unavailable_now)
-        self.futile = {
-            n: (keys, until)
-            for n, (keys, until) in self.futile.items()
-            if not changed
-            and until > now
-            and n in candidates
-            and keys == on_node(n)
-            and not self._may_move_to(keys, grown - {n}, nodes, pods, by_node)
-        }
+        if self.futile:
+            targets = _Targets(grown, nodes, by_node)
+            self.futile = {
+                n: (keys, until)
+                for n, (keys, until) in self.futile.items()
+                if not changed
+                and until > now
+                and n in candidates
+                and keys == on_node(n)
+                # the node's pods are exactly ``keys`` (just checked): those on it
+                and not targets.may_take(by_node.get(n, ()), n)
+            }
         classes = self._classify(candidates, nodes, touched, by_node, utilization)
         # a node's clock runs from when it became a candidate, whatever its reason since (see docs/controller.md)
         self.since = {n: self.since.get(n, now) for n in classes}
@@ -280,32 +324,3 @@ class ConsolidationGate:
                 out[name] = why
         self.classes = cache
         return out
-
-    @staticmethod
-    def _may_move_to(
-        pod_keys: frozenset[str],
-        targets: set[str],
-        nodes: Mapping[str, Node],
-        pods: Sequence[Pod],
-        by_node: Mapping[str, Sequence[Pod]],
-    ) -> bool:
-        """True if any of the pods might fit on any of ``targets`` (an over-estimate: total free GPU, CPU, memory).
-
-        Room that grew only on nodes none of a node's pods fit leaves the outcome of re-simulating it unchanged.
-        """
-        room = [nodes[t] for t in targets if t in nodes and not nodes[t].unschedulable]
-        if not room or not pod_keys:
-            return False
-        movers = [p for p in pods if p.key in pod_keys]
-        for n in room:
-            cpu, mem, gpu, _ = free_room(n, by_node.get(n.name, ()))
-            for p in movers:
-                r = p.request
-                if (
-                    r.cpu_milli <= cpu
-                    and r.memory_mib <= mem
-                    and r.gpu_demand_milli <= gpu
-                    and static_fit(p, n.labels, n.taints) is None
-                ):
-                    return True
-        return False
