@@ -1,5 +1,6 @@
-"""What keeps the live controller small and quick (issue 12's benchmark): its command imports no SciPy, the planner
-loads SciPy only when an integer program must be solved, and a pods-only round runs no GPR manager pass."""
+"""What keeps the live controller small and quick (issue 12's benchmark): its command imports neither SciPy nor
+httpx, the planner loads SciPy only when an integer program must be solved, and a pods-only round runs no GPR manager
+pass."""
 
 from __future__ import annotations
 
@@ -31,15 +32,16 @@ def _run(code: str) -> str:
     return done.stdout.strip()
 
 
-def test_the_controller_command_and_its_warm_up_import_no_scipy() -> None:
+def test_the_controller_command_and_its_warm_up_import_no_scipy_nor_httpx() -> None:
     out = _run(
         "import sys\n"
         "from gpuscale.cli import main\n"
         "import gpuscale.kube.command as command\n"
         "command._warm_up()\n"
-        "print('gpuscale.core.planner' in sys.modules, sorted(m for m in sys.modules if m.split('.')[0] == 'scipy'))"
+        "print('gpuscale.core.planner' in sys.modules, sorted(m for m in sys.modules if m.split('.')[0] == 'scipy'),\n"
+        "      [m for m in ('httpx', 'rich') if m in sys.modules])"
     )
-    assert out == "True []"
+    assert out == "True [] []"  # nor httpx (and rich): the Prometheus client loads with the first scaler trigger
 
 
 def test_scipy_loads_only_when_an_integer_program_is_solved() -> None:

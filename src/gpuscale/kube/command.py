@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from lightkube.types import PatchType
@@ -43,8 +43,10 @@ from gpuscale.kube.metrics import QueuedGpr
 from gpuscale.kube.nodeclaims import NodeClaimWriter
 from gpuscale.kube.scalers import ScalerReconciler
 from gpuscale.manifests.status import Condition, pool_status
-from gpuscale.metrics.prometheus import MetricSource
 from gpuscale.providers.base import Provider
+
+if TYPE_CHECKING:
+    from gpuscale.metrics.prometheus import MetricSource
 
 __all__ = ["ControllerProcess", "check_access", "controller_command"]
 

@@ -21,7 +21,7 @@ import datetime as dt
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lightkube.resources.apps_v1 import Deployment, StatefulSet
 from lightkube.types import PatchType
@@ -42,8 +42,10 @@ from gpuscale.errors import MetricsError
 from gpuscale.kube.cache import KubeCache, raw
 from gpuscale.kube.client import KubeClient, KubeError
 from gpuscale.manifests.scaler import ScalerManifest
-from gpuscale.metrics.prometheus import MetricSource
 from gpuscale.metrics.usage import PrometheusUsage
+
+if TYPE_CHECKING:
+    from gpuscale.metrics.prometheus import MetricSource
 
 __all__ = ["WORKLOADS", "Rightsizer"]
 

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.core_v1 import Event as KEvent
@@ -55,7 +55,9 @@ from gpuscale.kube.rightsizer import Rightsizer
 from gpuscale.kube.scale_client import Scale, ScaleClient, selector_matcher
 from gpuscale.manifests.problems import Doc
 from gpuscale.manifests.scaler import BUDGET_KIND, SCALER_KIND, ScalerManifest, read_budget, read_scaler
-from gpuscale.metrics.prometheus import MetricSource, PrometheusClient
+
+if TYPE_CHECKING:
+    from gpuscale.metrics.prometheus import MetricSource, PrometheusClient
 
 __all__ = ["SCALER_RESOURCES", "ScalerReconciler"]
 
@@ -208,6 +210,8 @@ class ScalerReconciler:
         if self._sources is not None:
             return self._sources(server)
         if server not in self._prometheus:
+            from gpuscale.metrics.prometheus import PrometheusClient  # httpx: loaded by the first trigger
+
             self._prometheus[server] = PrometheusClient(server)
         return self._prometheus[server]
 
