@@ -1,7 +1,8 @@
 """gpuscale in a live cluster: the Kubernetes adapter (needs the ``kube`` extra: ``pip install 'gpuscale[kube]'``).
 
 * :mod:`.client`: lightkube's async client on its own loop with a synchronous face, kubeconfig/service account;
-* :mod:`.cache`: list-then-watch of pods, nodes, PDBs, DaemonSets and gpuscale's CRDs (relist on 410 Gone);
+* :mod:`.cache`: list-then-watch of pods, nodes, PDBs, DaemonSets and gpuscale's CRDs (relist on 410 Gone), a pod
+  kept as the compact record of :mod:`.podrecord`;
 * :mod:`.backend`: the controller's :class:`~gpuscale.controller.backend.ClusterBackend` on that cache;
 * :mod:`.events`: Kubernetes Events for decisions; :mod:`.kwok`: the kwok provider; :mod:`.command`: the command;
 * :mod:`.scalers`: GPUWorkloadScalers and GPUBudgets reconciled, targets scaled through :mod:`.scale_client`;
