@@ -154,7 +154,7 @@ def split_replacement(
     pools, catalog, now, unavailable = market.pools, market.catalog, market.now, market.unavailable
     fallback = is_spot_fallback(node, pool)
     no_spot = node.labels.get(L.CAPACITY_TYPE) == str(CapacityType.SPOT)
-    room = _pools_with_room(pools, market.counts(), market.capacity(), fallback, no_spot)
+    room = _pools_with_room(pools, market, fallback, no_spot)
     if not room:
         return ()
     values = (
@@ -173,25 +173,25 @@ _SPLITS: Memo[tuple[Replacement, ...]] = Memo(1024)
 
 def _pools_with_room(
     pools: Sequence[NodePool],
-    counts: Mapping[str, int],
-    capacity: Mapping[str, Resources],
+    market: Market,
     only_spot: bool,
     no_spot: bool,
 ) -> tuple[NodePool, ...]:
-    """The pools as the planner should see them for new nodes: room left under maxNodes (less ``counts``) and limits
-    (less the raw ``capacity`` already used), capacity types restricted. Pools needing no change are passed as they
-    are (the planner memoises per pool object)."""
+    """The pools as the planner should see them for new nodes: room left under maxNodes (less the market's node
+    counts) and limits (less the raw capacity already used), capacity types restricted. Pools needing no change are
+    passed as they are (the planner memoises per pool object). The market's totals are counted only for a pool with
+    maxNodes or limits."""
     out: list[NodePool] = []
     for p in pools:
         changes: dict[str, Any] = {}
         if p.max_nodes is not None:
-            left = p.max_nodes - counts.get(p.name, 0)
+            left = p.max_nodes - market.counts().get(p.name, 0)
             if left <= 0:
                 continue
             changes["max_nodes"] = left
         lim = p.limits
         if p.limits.bounded:
-            used = capacity.get(p.name, Resources(pods=0))
+            used = market.capacity().get(p.name, Resources(pods=0))
             changes["limits"] = PoolLimits(
                 None if lim.cpu_milli is None else lim.cpu_milli - used.cpu_milli,
                 None if lim.memory_mib is None else lim.memory_mib - used.memory_mib,
@@ -271,14 +271,14 @@ def find_replacement(
 ) -> Replacement | None:
     """The cheapest single node for ``pods`` (see module docstring), or None."""
     pools, catalog, now, unavailable = market.pools, market.catalog, market.now, market.unavailable
-    counts, capacity = market.counts(), market.capacity()
     drifted = reason is DisruptionReason.DRIFTED
     node_is_spot = node.labels.get(L.CAPACITY_TYPE) == str(CapacityType.SPOT)
     only: tuple[CapacityType, ...] | None = (CapacityType.SPOT,) if is_spot_fallback(node, pool) else None
     best: PoolOffering | None = None
     for cand_pool in [pool] if drifted else sorted(pools, key=lambda p: (-p.weight, p.name)):
-        if cand_pool.max_nodes is not None and counts.get(cand_pool.name, 0) + 1 > cand_pool.max_nodes:
+        if cand_pool.max_nodes is not None and market.counts().get(cand_pool.name, 0) + 1 > cand_pool.max_nodes:
             continue
+        limits = cand_pool.limits if cand_pool.limits.bounded else None  # the pool's totals only when it has limits
         for po in pool_offerings(cand_pool, catalog, now, unavailable, only):
             if best is not None and po.price >= best.price:
                 break
@@ -287,9 +287,10 @@ def find_replacement(
                     break
                 if node_is_spot and po.offering.capacity_type is CapacityType.SPOT:
                     continue
-            used = capacity.get(cand_pool.name, Resources(pods=0)) + po.instance_type.capacity
-            if not cand_pool.limits.allows(used):
-                continue
+            if limits is not None:
+                used = market.capacity().get(cand_pool.name, Resources(pods=0)) + po.instance_type.capacity
+                if not limits.allows(used):
+                    continue
             if fits_one_node(pods, po.labels, cand_pool.taints, po.allocatable):
                 best = po
                 break
