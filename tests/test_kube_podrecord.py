@@ -4,6 +4,7 @@ parts are stored once, and the cache keeps records (listed in pages and watched)
 from __future__ import annotations
 
 import copy
+import gc
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -164,6 +165,21 @@ def test_the_record_drops_what_nothing_reads_and_shares_common_parts() -> None:
     assert a["metadata"]["name"] == "a" and b["metadata"]["uid"] == "uid-b"
     other = compact_pod(full_pod("c", metadata={"name": "c", "namespace": "ml", "labels": {"app": "other"}}), shared)
     assert other["metadata"]["labels"] == {"app": "other"}  # an equal hash is not enough: values are compared
+
+
+def test_parts_no_record_uses_leave_the_table() -> None:
+    shared = SharedParts()
+    records = [compact_pod(full_pod(f"p{i}"), shared) for i in range(3)]
+    held = len(shared)
+    assert held > 0
+    unique = compact_pod(full_pod("u", metadata={"name": "u", "labels": {"only": "u"}}), shared)
+    assert len(shared) == held + 1
+    del unique
+    gc.collect()
+    assert len(shared) == held  # a deleted pod leaves nothing behind
+    del records
+    gc.collect()
+    assert len(shared) == 0
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import sys
+import weakref
 from typing import Any
 
 __all__ = ["SharedParts", "compact_pod"]
@@ -33,16 +34,31 @@ _OWNER = ("apiVersion", "kind", "name", "uid", "controller")
 _CONDITION = ("type", "status", "reason")
 
 
-class SharedParts:
-    """Equal parts stored once. Parts are found by the hash of their JSON text and checked equal before being
-    shared, so no text is kept; the table is bounded (emptied when full: parts already shared stay shared)."""
+class _Dict(dict[str, Any]):
+    """A shared mapping part (a dict that can be weakly referenced)."""
 
-    def __init__(self, size: int = 100_000) -> None:
-        self.size = size
-        self._table: dict[int, Any] = {}
+    __slots__ = ("__weakref__",)
+
+
+class _List(list[Any]):
+    """A shared list part (a list that can be weakly referenced)."""
+
+    __slots__ = ("__weakref__",)
+
+
+class SharedParts:
+    """Equal parts stored once. A part is found by the hash of its JSON text and checked equal before it is shared,
+    and the table holds parts weakly: a part no cached record uses any more is gone from it, so pods that come and
+    go leave nothing behind."""
+
+    def __init__(self) -> None:
+        self._table: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+    def __len__(self) -> int:
+        return len(self._table)
 
     def __call__(self, value: Any) -> Any:
-        if not value:
+        if not value or not isinstance(value, dict | list):
             return value
         try:
             key = hash(json.dumps(value, separators=(",", ":")))
@@ -51,10 +67,9 @@ class SharedParts:
         got = self._table.get(key)
         if got is not None and got == value:
             return got
-        if len(self._table) >= self.size:
-            self._table.clear()
-        self._table[key] = value
-        return value
+        part = _Dict(value) if isinstance(value, dict) else _List(value)
+        self._table[key] = part
+        return part
 
 
 _SHARED = SharedParts()
