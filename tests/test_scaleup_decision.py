@@ -38,6 +38,7 @@ from gpuscale.core.reconcile.scaleup import (
     min_node_orders,
     plan_signature,
     pool_limit_refusal,
+    scale_up_wake_times,
 )
 from gpuscale.core.resources import Request, Resources
 from gpuscale.core.templates import template_allocatable, template_labels
@@ -233,6 +234,13 @@ def test_pool_limit_refusal(
     pool = replace(POOL, max_nodes=max_nodes, limits=limits)
     used = Resources(8000, 32768, used_gpus)
     assert pool_limit_refusal(pool, CATALOG.by_name()["g4"], count, used) == refusal
+
+
+def test_scale_up_wake_times() -> None:
+    assert scale_up_wake_times(None, False, [5.0]) == []
+    assert scale_up_wake_times(3.0, False, [5.0]) == [3.0]  # nothing pending: mark expiries change nothing
+    assert scale_up_wake_times(None, True, [5.0, 9.0]) == [5.0, 9.0]
+    assert scale_up_wake_times(3.0, True, [5.0]) == [3.0, 5.0]
 
 
 # ---------------------------------------------------------------------------------------- random observations

@@ -21,7 +21,14 @@ from gpuscale.controller.batching import PendingBatch
 from gpuscale.controller.consolidation import Mismatch
 from gpuscale.core.disruption import DisruptionAction
 from gpuscale.core.model import Node
-from gpuscale.core.reconcile.scaleup import Gate, PlanFn, PlanningMemo, ScaleUpDecision
+from gpuscale.core.reconcile.scaleup import (
+    Gate,
+    PlanFn,
+    PlanningMemo,
+    ScaleUpDecision,
+    held_back,
+    scale_up_wake_times,
+)
 from gpuscale.providers.base import CloudNode
 
 if TYPE_CHECKING:
@@ -31,9 +38,10 @@ if TYPE_CHECKING:
 class ScaleUpState:
     """The scale-up's state: planner, batch window, planning memo and whether a plan is forced.
 
-    Invariant (:class:`~gpuscale.core.reconcile.scaleup.PlanningMemo`): a plan the gate skips would have launched
-    nothing the last plan did not already decide. With ``check``, the controller plans beside every skipped plan
-    and :meth:`compare` records each launch order the skip held back as a :class:`Mismatch`.
+    Invariant (:class:`~gpuscale.core.reconcile.scaleup.PlanningMemo`, with its one exception): a plan the gate
+    skips would have launched nothing the last plan did not already decide. With ``check``, the controller plans
+    beside every skipped plan and :meth:`compare` records each launch order the skip held back as a
+    :class:`Mismatch`.
     """
 
     def __init__(self, planner: PlanFn, batch: PendingBatch, *, check: bool = False) -> None:
@@ -46,6 +54,8 @@ class ScaleUpState:
         self.mismatches: list[Mismatch] = []
         self.checked: dict[Gate, int] = {}
         """Skipped plans compared so far, by the gate that skipped them (check mode)."""
+        self.excused = 0
+        """Launches held back by a skip that the memo's exception allows (check mode)."""
 
     def request_plan(self) -> None:
         """Plan in the next scale-up (the gate's batch, cover and signature checks are skipped)."""
@@ -68,20 +78,16 @@ class ScaleUpState:
     def wake_times(self, availability: Availability) -> list[float]:
         """When the open batch closes and, while pods are pending, when an offering mark, back-off or fallback
         ends (a plan may then launch what it could not)."""
-        times: list[float] = []
-        closes = self.batch.wake_time()
-        if closes is not None:
-            times.append(closes)
-        if self.batch.seen:
-            times += availability.expiries()
-        return times
+        return scale_up_wake_times(self.batch.wake_time(), bool(self.batch.seen), availability.expiries())
 
-    def compare(self, now: float, gate: Gate, reference: ScaleUpDecision) -> None:
-        """Check mode: record a skip whose plan (``reference``) has launch orders the last plan did not decide."""
+    def compare(self, now: float, gate: Gate, reference: ScaleUpDecision, replan_interval_s: float) -> None:
+        """Check mode: record a skip whose plan (``reference``) has launch orders the last plan did not decide (see
+        :func:`~gpuscale.core.reconcile.scaleup.held_back`; the orders its exception allows are only counted)."""
         self.checked[gate] = self.checked.get(gate, 0) + 1
-        extra = sorted(o.seed for o in reference.launches if o.seed not in self.memo.seeds)
-        if extra:
-            self.mismatches.append(Mismatch(now, f"skipped plan ({gate})", (), tuple(extra)))
+        wrong, excused = held_back(self.memo, reference, now, replan_interval_s)
+        self.excused += len(excused)
+        if wrong:
+            self.mismatches.append(Mismatch(now, f"skipped plan ({gate})", (), tuple(wrong)))
 
 
 class Observation:

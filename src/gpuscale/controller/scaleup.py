@@ -107,7 +107,7 @@ class ScaleUpSteps(ShellBase):
             if st.check:
                 snapshot = self._snapshot(w, verdict.real, virtual)
                 ref = decide_scale_up(snapshot, st.planner, self.config.planner, now)
-                st.compare(now, gate, ref)
+                st.compare(now, gate, ref, self.config.replan_interval_s)
             return
         if gate is not Gate.PLAN:
             return

@@ -17,7 +17,8 @@ what they return):
 3. :func:`min_node_orders` gives the ``minNodes`` launches once the scale-up's launches were carried out (so a
    node the scale-up failed to launch leaves its room to ``minNodes``).
 
-Before each launch (of these orders, replacements and retries alike) :func:`pool_limit_refusal` checks the pool's
+:func:`scale_up_wake_times` says when the scale-up next has timed work. Before each launch (of these orders,
+replacements and retries alike) :func:`pool_limit_refusal` checks the pool's
 ``maxNodes`` and ``limits`` against the claims and Nodes counted at that moment.
 
 :class:`PlanningMemo` is what one plan leaves for the next round's gate (see :func:`gate_scale_up`).
@@ -26,7 +27,7 @@ Before each launch (of these orders, replacements and retries alike) :func:`pool
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -66,9 +67,12 @@ class Gate(StrEnum):
 class PlanningMemo:
     """What the last plan saw and decided, read by the next rounds' gate.
 
-    Invariant (checked by :class:`~gpuscale.controller.rounds.ScaleUpState` in check mode): when the gate skips a
-    plan (``COVERED`` or ``UNCHANGED``), planning would have launched nothing the last plan did not already try
-    (every launch order it would give has a seed in :attr:`seeds`): skipping gives the same launches as planning.
+    Invariant (checked by :class:`~gpuscale.controller.rounds.ScaleUpState` in check mode, see
+    :func:`held_back`): when the gate skips a plan (``COVERED`` or ``UNCHANGED``), planning would have launched
+    nothing the last plan did not already decide (every launch order it would give has a seed in :attr:`seeds`), so
+    skipping gives the same launches as planning. One exception, by design: a pod the last plan put on an existing
+    node less than ``replanInterval`` ago stays covered even if a pod the scheduler bound there since took its
+    room; it is planned again at the latest ``replanInterval`` after that plan.
     """
 
     last_plan_at: float = -math.inf
@@ -264,6 +268,25 @@ def launch_orders(plan: ScaleUpPlan) -> tuple[tuple[LaunchOrder, ...], dict[str,
     return tuple(orders), placed
 
 
+def held_back(
+    memo: PlanningMemo, reference: ScaleUpDecision, now: float, replan_interval_s: float
+) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
+    """The seeds of the launch orders a skipped plan held back (those of ``reference``, the plan it skipped, whose
+    seed the last plan did not decide), split into (against the memo's invariant, allowed by its exception: every
+    pod of the order was put on an existing node by a plan less than ``replan_interval_s`` old)."""
+    fresh = now - memo.last_plan_at < replan_interval_s
+    wrong: list[tuple[str, ...]] = []
+    excused: list[tuple[str, ...]] = []
+    for o in reference.launches:
+        if o.seed in memo.seeds:
+            continue
+        if fresh and o.pods and all(p in memo.planned_on_node for p in o.pods):
+            excused.append(o.seed)
+        else:
+            wrong.append(o.seed)
+    return sorted(wrong), sorted(excused)
+
+
 def after_launch(order: LaunchOrder, outcome: Outcome) -> Step:
     """What a launch order's outcome means for the orders after it.
 
@@ -303,6 +326,16 @@ def effective_pools(
             q = replace(q, max_nodes=counts.get(p.name, 0))
         out.append(q)
     return out
+
+
+def scale_up_wake_times(batch_closes: float | None, pending: bool, expiries: Iterable[float]) -> list[float]:
+    """When the scale-up next has timed work: the open batch window closing (``batch_closes``) and, while pods are
+    pending, each end of an offering mark, pool back-off or spot fallback (a plan may then launch what it could
+    not). Anything else the scale-up reads changes only when the cluster or the cloud does."""
+    times = [] if batch_closes is None else [batch_closes]
+    if pending:
+        times += expiries
+    return times
 
 
 def pool_limit_refusal(pool: NodePool, it: InstanceType, count: int, used: Resources) -> str | None:
