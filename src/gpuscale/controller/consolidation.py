@@ -145,6 +145,8 @@ class ConsolidationGate:
         self.skipped = False
         """Some candidate was due but the pass rate held it back (wake up when the interval ends)."""
         self._signature: object = None
+        self._classified: tuple[frozenset[str], dict[str, DisruptionReason]] | None = None
+        """The candidates and their reasons at the last classification (reused while nothing touched them)."""
         self.last_evaluation = -math.inf
         self.mismatches: list[Mismatch] = []
 
@@ -190,12 +192,18 @@ class ConsolidationGate:
         def on_node(name: str) -> frozenset[str]:
             return frozenset(p.key for p in by_node.get(name, ()))
 
-        room = {n.name: n.allocatable for n in nodes.values() if not n.unschedulable}
         prev_by_node, prev_room, prev_disrupting, prev_unavailable = self._room
+        room: dict[str, Resources] = {}
+        room_grew: set[str] = set()  # schedulable nodes that are new or whose allocatable changed
+        prev_alloc = prev_room.get
+        for n in nodes.values():
+            if not n.unschedulable:
+                a = room[n.name] = n.allocatable
+                if (b := prev_alloc(n.name)) is None or (b is not a and b != a):
+                    room_grew.add(n.name)
         left_some, pods_moved = pod_moves(prev_by_node, by_node)  # nodes a pod left; nodes whose pods changed
         changed = disrupting != prev_disrupting or unavailable_now != prev_unavailable
         changed = changed or (has_pdbs and bool(pods_moved))
-        room_grew = {name for name, a in room.items() if (b := prev_room.get(name)) is None or (b is not a and b != a)}
         grown = left_some | room_grew
         touched = pods_moved | room_grew | (prev_room.keys() - room.keys())
         self._room = (by_node, room, frozenset(disrupting), unavailable_now)
@@ -213,7 +221,8 @@ class ConsolidationGate:
             }
         classes = self._classify(candidates, nodes, touched, by_node, utilization)
         # a node's clock runs from when it became a candidate, whatever its reason since (see docs/controller.md)
-        self.since = {n: self.since.get(n, now) for n in classes}
+        if self.since.keys() != classes.keys():  # (equal keys: the same map again)
+            self.since = {n: self.since.get(n, now) for n in classes}
         return [
             n
             for n, why in classes.items()
@@ -307,6 +316,14 @@ class ConsolidationGate:
         just became candidates; measured-utilisation pools are recomputed every time."""
         measured = self.measured
         known = self.classes
+        if (
+            not measured
+            and self._classified is not None
+            and len(known) == len(candidates)
+            and candidates == self._classified[0]
+            and touched.isdisjoint(candidates)
+        ):  # the same candidates, each with a reason kept from the last look and none touched: the same answer
+            return self._classified[1]
         pools = self.pools
         cache: dict[str, DisruptionReason | None] = {}
         out: dict[str, DisruptionReason] = {}
@@ -323,4 +340,5 @@ class ConsolidationGate:
             if why is not None:
                 out[name] = why
         self.classes = cache
+        self._classified = (frozenset(candidates), out)
         return out
