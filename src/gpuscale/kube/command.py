@@ -155,6 +155,8 @@ class ControllerProcess:
     provider: Provider = field(init=False)
     controller: Controller = field(init=False)
     _pools_version: int = field(default=-1, init=False)
+    _lapsed: bool = field(default=False, init=False)
+    """This replica acted, then lost the Lease: its in-memory state is rebuilt when it leads again."""
 
     def start(self, *, sync_timeout_s: float = 30.0, check: bool = True) -> ControllerProcess:
         """Check access, fill the cache, build the controller. Raises :class:`InputError` on any start-up failure."""
@@ -182,6 +184,12 @@ class ControllerProcess:
         self.provider = self._provider()
         _warm_up()
         self.backend.list_pods()  # convert every cached pod once now, not in the first round
+        self._build()
+        return self
+
+    def _build(self) -> None:
+        """The controller and what keeps its state in the cluster (offering marks, GPUNodeClaims, GPRs), fresh: at
+        start, and again when this replica wins the Lease back (another replica may have acted meanwhile)."""
         availability = None
         if self.persist_availability:
             self.availability_store = KubeAvailabilityStore(
@@ -198,8 +206,9 @@ class ControllerProcess:
         if self.record_claims:
             attempts = self.controller.launcher.attempts
             self.nodeclaims = NodeClaimWriter(
-                self.client, self.clock, events=self.backend.events, attempts=lambda key: attempts.get(key, 0)
-            )
+                self.client, self.clock, events=self.backend.events, attempts=lambda key: attempts.get(key, 0),
+                cache=self.cache,
+            )  # fmt: skip
         if self.gprs_enabled:
             self.gpr_store = KubeGprStore(self.client, self.cache, self.catalog, self.clock, events=self.backend.events)
             self.gpr_manager = GprManager(
@@ -210,7 +219,7 @@ class ControllerProcess:
                 clock=self.clock,
                 engine=self.controller,
             )
-        return self
+        self._gprs_served = False
 
     def _provider(self) -> Provider:
         if self.provider_factory is not None:
@@ -239,8 +248,17 @@ class ControllerProcess:
         if not self.cache.healthy:
             return False
         if self.endpoints is not None and not self.endpoints.may_act():
+            self._lapsed = self._lapsed or self.rounds > 0
             self.endpoints.after_round(self.controller.claims.values(), self.backend.list_pods(), None, None)
             return False
+        if self._lapsed:  # the Lease won back: start over from the cluster, as a restarted replica does
+            try:
+                self._build()
+            except InputError as exc:  # the offering marks could not be read: tried again next round
+                log.warning("leading again, state not rebuilt yet: %s", exc)
+                return False
+            log.info("leading again: in-memory state rebuilt, claims restored from the GPUNodeClaims")
+            self._lapsed = False
         if self.pools is None and self._pools_version != self.cache.version:
             pools = self.backend.node_pools()
             if {p.name: p for p in pools} != self.controller.pools:

@@ -1,24 +1,29 @@
 """GPUNodeClaim objects: the cluster's record of every claim in the controller's claim table.
 
 :class:`NodeClaimWriter` follows the claim table's change feed (:attr:`ClaimTable.listener
-<gpuscale.controller.claims.ClaimTable.listener>`) and keeps one cluster-scoped ``GPUNodeClaim`` per claim, named
-by its request id (:mod:`gpuscale.manifests.nodeclaims` is the codec):
+<gpuscale.controller.claims.ClaimTable.listener>`) and keeps one cluster-scoped ``GPUNodeClaim`` per claim, the
+nodes launched for GPRs included, named after the claim's key (:func:`~gpuscale.manifests.nodeclaims.object_name`:
+the request id, ``<request id>.<node id>`` for a second node of one request; :mod:`gpuscale.manifests.nodeclaims`
+is the codec):
 
-- a new Requested claim's object is created at once, before the launch call of the same round is made, so a
-  controller that dies between the call and the node's listing leaves a record naming the request id;
+- a new claim's object is created at once (a Requested one before the launch call of the same round is made, so a
+  controller that dies between the call and the node's listing leaves a record naming the request id; a GPR node's
+  as soon as its launch returned);
 - every later change (phase, provider id, node name, reason, since, launch attempts) is one JSON merge patch of the
   status subresource, of the claim's latest state only (changes made meanwhile are coalesced);
-- a claim that leaves the table (its node is gone) has its object deleted.
+- a claim that leaves the table (its node is gone) has its object deleted;
+- an object deleted by someone else (``kubectl delete``) while its claim lives is created again at the next
+  :meth:`NodeClaimWriter.flush` after the cache's watch showed the delete.
 
 Writes never block a round: they run on the client's loop (as Events do), at most :data:`WRITES` at a time, one at a
 time per object; a failed write is retried in a later round once its due time has come (1 s, doubling up to 60 s),
-never slept on. Claims of GPR nodes (the GPR manager keeps those on its GPRs) and keys that are not DNS labels (a
-second node of one request, ``<id>#<node id>``) are not recorded.
+never slept on.
 
 A restarted controller calls :meth:`NodeClaimWriter.restore` before its first round: the cached objects are read
 (one that cannot be read is logged, reported as a Warning Event and ignored), matched with the provider's node list
 by :func:`gpuscale.core.reconcile.claims.restore_claims`, the table is seeded, and records of nodes that are gone are
-deleted.
+deleted. Records of GPR nodes are restored only when this controller serves GPRs (else they are another
+engine's and left alone).
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
@@ -36,15 +40,14 @@ from lightkube.types import PatchType
 
 from gpuscale.clock import Clock
 from gpuscale.controller.backend import Event
-from gpuscale.core.gpr import is_gpr_request_id
 from gpuscale.core.nodeclaim import ClaimPhase, NodeClaim
 from gpuscale.core.reconcile.claims import Restored, restore_claims
 from gpuscale.core.reconcile.records import Fleet
 from gpuscale.errors import ProviderError
-from gpuscale.kube.cache import GPUNodeClaim
+from gpuscale.kube.cache import GPUNodeClaim, KubeCache
 from gpuscale.kube.client import KubeClient, as_kube_error
 from gpuscale.kube.events import EventRecorder
-from gpuscale.manifests.nodeclaims import MAX_NAME, NAME_PATTERN, STATUS_FIELDS, claim_object, read_record
+from gpuscale.manifests.nodeclaims import STATUS_FIELDS, claim_object, object_name, read_record, recordable_key
 from gpuscale.manifests.problems import Doc
 from gpuscale.providers.base import CloudNodeState
 
@@ -58,17 +61,19 @@ __all__ = ["RESOURCE", "WRITES", "NodeClaimWriter", "recordable"]
 log = logging.getLogger(__name__)
 
 RESOURCE = "gpunodeclaims.gpuscale.io"
+CACHED = "gpunodeclaims"
+"""The records' name in the cache."""
 WRITES = 2
 """GPUNodeClaim writes in flight at once (they queue behind nothing a round waits for)."""
 RETRY_MIN_S = 1.0
 RETRY_MAX_S = 60.0
-_NAME = re.compile(NAME_PATTERN)
 Obj = dict[str, Any]
 
 
 def recordable(key: str) -> bool:
-    """True if the claim ``key`` gets a GPUNodeClaim: a DNS-label key that is not a GPR node's."""
-    return len(key) <= MAX_NAME and _NAME.match(key) is not None and not is_gpr_request_id(key)
+    """True if the claim ``key`` gets a GPUNodeClaim: gpuscale's request id, with ``#<node id>`` for a second node
+    of one request (:data:`~gpuscale.manifests.nodeclaims.KEY_PATTERN`), at most 253 characters."""
+    return recordable_key(key)
 
 
 def _implied(obj: Obj) -> Obj:
@@ -87,7 +92,8 @@ def _merge(old: Obj | None, new: Obj) -> Obj:
 
 class NodeClaimWriter:
     """Keeps a GPUNodeClaim per recordable claim of a claim table (see the module docstring). ``attempts`` gives a
-    claim's failed launch attempts (the launcher's count)."""
+    claim's failed launch attempts (the launcher's count); ``cache`` (watching the records) shows deletes made by
+    others."""
 
     def __init__(
         self,
@@ -96,11 +102,18 @@ class NodeClaimWriter:
         *,
         events: EventRecorder | None = None,
         attempts: Callable[[str], int] | None = None,
+        cache: KubeCache | None = None,
     ) -> None:
         self.client = client
         self.clock = clock
         self.events = events
         self.attempts = attempts or (lambda key: 0)
+        self.cache = cache
+        self._cache_version = -1
+        self._seen: set[str] = set()
+        """Keys whose object the cache has shown since it was last written (gone from it: deleted by someone)."""
+        self.recreated = 0
+        """Objects created again after someone else deleted them."""
         self.table: ClaimTable | None = None
         self.restored = False
         """True once :meth:`restore` ran."""
@@ -110,7 +123,7 @@ class NodeClaimWriter:
         self._have: dict[str, Obj] = {}
         """Key -> the status the server's object has (as last read or written)."""
         self._bad: set[str] = set()
-        """Objects that could not be read: replaced (deleted, then created) when their key is written."""
+        """Names of objects that could not be read: replaced (deleted, then created) when their key is written."""
         self._dirty: set[str] = set()
         self._running: set[str] = set()
         self._retry_at: dict[str, float] = {}
@@ -137,14 +150,14 @@ class NodeClaimWriter:
         if not recordable(key):
             return
         tries = 0 if claim is None else self.attempts(key)
-        want = None if claim is None else claim_object(claim, tries)
+        want = None if claim is None else claim_object(claim, tries, key)
         if tries:
             self._tries[key] = tries
         else:
             self._tries.pop(key, None)
         with self._lock:
             self._want[key] = want
-            start = claim is not None and claim.phase is ClaimPhase.REQUESTED and key not in self._have
+            start = claim is not None and key not in self._have  # a new claim: created at once
             start = start and key not in self._running and key not in self._retry_at
             if not start:
                 self._dirty.add(key)
@@ -160,6 +173,8 @@ class NodeClaimWriter:
         """Start the writes that are due (changes since the last flush, failed writes whose retry time has come, and
         launch attempts that changed); returns how many were started. Never waits for them."""
         now = self.clock.now()
+        if self.cache is not None and self.cache.versions[CACHED] != self._cache_version:
+            self._deleted_by_others()
         if self.table is not None:
             for key, c in self.table.in_phases((ClaimPhase.REQUESTED,)):
                 if self.attempts(key) != self._tries.get(key, 0):
@@ -173,12 +188,13 @@ class NodeClaimWriter:
                 if k not in self._want:
                     continue  # written meanwhile
                 want = self._want[k]
-                if want is None and k not in self._have and k not in self._bad:
+                bad = object_name(k) in self._bad
+                if want is None and k not in self._have and not bad:
                     del self._want[k]  # never written: nothing to delete
                     self._retry_at.pop(k, None)
                     self._failures.pop(k, None)
                     continue
-                if want is not None and self._have.get(k) == want["status"] and k not in self._bad:
+                if want is not None and self._have.get(k) == want["status"] and not bad:
                     del self._want[k]  # the server has it already
                     continue
                 self._running.add(k)
@@ -186,6 +202,32 @@ class NodeClaimWriter:
         for k in started:
             self._spawn(k)
         return len(started)
+
+    def _deleted_by_others(self) -> None:
+        """Objects the cache showed and no longer shows while no write of this writer is in flight for them: deleted
+        by someone else. A live claim's object is written again (created) on this flush."""
+        assert self.cache is not None
+        self._cache_version = self.cache.versions[CACHED]
+        names = {str((o.get("metadata") or {}).get("name", "")) for o in self.cache.objects(CACHED)}
+        gone: list[str] = []
+        with self._lock:
+            for key in self._have:
+                if object_name(key) in names:
+                    self._seen.add(key)
+                elif key in self._seen and key not in self._running:
+                    gone.append(key)
+            for key in gone:
+                self._seen.discard(key)
+                del self._have[key]
+        for key in gone:
+            claim = self.table.get(key) if self.table is not None else None
+            if claim is None:
+                continue
+            log.info("GPUNodeClaim %s was deleted by someone else: created again", object_name(key))
+            self.recreated += 1
+            with self._lock:
+                self._want[key] = claim_object(claim, self.attempts(key), key)
+                self._dirty.add(key)
 
     @property
     def busy(self) -> bool:
@@ -219,7 +261,7 @@ class NodeClaimWriter:
                             return
                         want = self._want[key]
                         have = self._have.get(key)
-                        bad = key in self._bad
+                        bad = object_name(key) in self._bad
                     if want is None:
                         if have is not None or bad:
                             verb = "delete"
@@ -270,14 +312,15 @@ class NodeClaimWriter:
         status = _implied(want)
         with self._lock:
             self._have[key] = status
-            self._bad.discard(key)
+            self._seen.discard(key)
+            self._bad.discard(object_name(key))
         return status
 
     async def _patch(self, key: str, have: Obj | None, status: Obj) -> Obj | None:
         self.writes += 1
         body = {"status": _merge(have, status)}
         try:
-            await self.client.api.patch(GPUNodeClaim.Status, key, body, patch_type=PatchType.MERGE)
+            await self.client.api.patch(GPUNodeClaim.Status, object_name(key), body, patch_type=PatchType.MERGE)
         except Exception as exc:
             if as_kube_error(exc, "patch", RESOURCE + "/status").status != 404:
                 raise
@@ -291,13 +334,14 @@ class NodeClaimWriter:
     async def _delete(self, key: str) -> None:
         self.writes += 1
         try:
-            await self.client.api.delete(GPUNodeClaim, key)
+            await self.client.api.delete(GPUNodeClaim, object_name(key))
         except Exception as exc:
             if as_kube_error(exc, "delete", RESOURCE).status != 404:
                 raise
         with self._lock:
             self._have.pop(key, None)
-            self._bad.discard(key)
+            self._seen.discard(key)
+            self._bad.discard(object_name(key))
 
     # ------------------------------------------------------------------------------------------------ reading
     def load(self, objects: Iterable[Obj]) -> tuple[dict[str, NodeClaim], dict[str, int]]:
@@ -319,10 +363,11 @@ class NodeClaimWriter:
                     self._bad.add(name)
                 continue
             claim, n = got
-            claims[name] = claim
-            attempts[name] = n
+            key = claim.request_id
+            claims[key] = claim
+            attempts[key] = n
             with self._lock:
-                self._have[name] = dict(obj.get("status") or _implied(obj))
+                self._have[key] = dict(obj.get("status") or _implied(obj))
         return claims, attempts
 
     def restore(self, controller: Controller, objects: Iterable[Obj], nodes: Mapping[str, Node]) -> Restored | None:
@@ -338,7 +383,7 @@ class NodeClaimWriter:
         records, attempts = self.load(objects)
         fleet = Fleet(controller.pools, controller.catalog.by_name())
         rules = controller.config.rules()
-        restored = restore_claims(records, cloud, nodes, fleet, rules, now, foreign=is_gpr_request_id)
+        restored = restore_claims(records, cloud, nodes, fleet, rules, now, foreign=controller.gpr.foreign)
         self.attach(controller.claims)
         for key, claim in restored.claims.items():
             if attempts.get(key):

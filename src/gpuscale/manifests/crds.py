@@ -300,9 +300,10 @@ def nodeclaim_schema() -> Schema:
         nodeclaims.SPEC_FIELDS,
         {
             "requestId": string(
-                "The launch request id (the provider's idempotency key); equals metadata.name.",
-                maxLength=nodeclaims.MAX_NAME,
-                pattern=nodeclaims.NAME_PATTERN,
+                "The claim's key: the launch request id (the provider's idempotency key), with '#<node id>' for a "
+                "second node of one request; metadata.name is derived from it.",
+                maxLength=nodeclaims.MAX_KEY,
+                pattern=nodeclaims.KEY_PATTERN,
             ),
             "pool": string("The GPUNodePool the node belongs to.", minLength=1),
             "instanceType": string(minLength=1),

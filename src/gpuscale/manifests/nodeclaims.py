@@ -1,10 +1,14 @@
 """``gpuscale.io/v1alpha1`` ``GPUNodeClaim``: the cluster's record of one node gpuscale launched.
 
 A restarted controller reads these objects back (with the provider's node list) to rebuild its claim table, so no
-node is leaked or launched twice. The object is cluster-scoped and named after the claim's launch request id:
+node is leaked or launched twice. The object is cluster-scoped; :func:`object_name` names it after the claim's key
+(the key itself when it is a DNS label; ``<request id>.<node id>`` for a second node of one request, keyed
+``<request id>#<node id>``; else a readable stem and a hash), and ``spec.requestId`` keeps the key:
 
-* ``spec`` (set once): ``requestId``, ``pool``, ``instanceType``, ``zone``, ``capacityType``, ``hourlyPrice``,
+* ``spec`` (set once): ``requestId`` (the claim's key), ``pool``, ``instanceType``, ``zone``, ``capacityType``,
+  ``hourlyPrice``,
   ``replaces``, ``requestedAt``, ``pods`` (the pending pods it was launched for, at most :data:`MAX_PODS`);
+* ``metadata.labels``: ``gpuscale.io/pool``, and ``gpuscale.io/gpr`` (the GPR's id) on a node launched for a GPR;
 * ``status`` (the status subresource): ``phase``, ``providerID``, ``nodeName``, ``reason``, ``phaseSince``,
   ``launchAttempts`` (failed launch attempts so far, while Requested).
 
@@ -17,9 +21,11 @@ generated from (:mod:`gpuscale.manifests.crds`).
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import re
 from typing import Any
 
+from gpuscale.core.gpr import GPR_LABEL, gpr_id_of_request, is_gpr_request_id
 from gpuscale.core.model import CapacityType
 from gpuscale.core.nodeclaim import ClaimPhase, NodeClaim
 from gpuscale.manifests.fields import as_float, as_int, as_list, as_mapping, as_str, check_fields, choice
@@ -33,9 +39,17 @@ SPEC_FIELDS = (
 )  # fmt: skip
 STATUS_FIELDS = ("phase", "providerID", "nodeName", "reason", "phaseSince", "launchAttempts")
 PHASES = tuple(str(p) for p in ClaimPhase)
-NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-"""A request id is the object's name: a DNS label (at most 63 characters)."""
-MAX_NAME = 63
+LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+"""A DNS label (at most 63 characters): a key of this form is the object's name as it is."""
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""An object name: a lowercase RFC 1123 subdomain (see :func:`object_name`)."""
+MAX_NAME = 253
+MAX_LABEL = 63
+KEY_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(#[!-~]+)?$"
+"""A claim key (``spec.requestId``): gpuscale's request id (a DNS label), with ``#<node id>`` for a second node of
+one request (the provider's node id: printable ASCII, no spaces)."""
+MAX_KEY = 253
+"""Longest claim key recorded."""
 MAX_PODS = 64
 """Most pods a record names (a node launched for more records the first 64)."""
 MAX_ATTEMPTS = 1_000_000
@@ -43,7 +57,43 @@ MAX_REASON = 256
 """Longest ``status.reason`` written (a longer reason is cut)."""
 MAX_PRICE = 1_000_000.0
 """Largest hourly price accepted (far beyond any real instance)."""
-_NAME = re.compile(NAME_PATTERN)
+_LABEL = re.compile(LABEL_PATTERN)
+_KEY = re.compile(KEY_PATTERN)
+_NOT_LABEL = re.compile(r"[^a-z0-9-]+")
+STEM = 40
+"""Characters of a key kept readable in a hashed name."""
+
+
+def _is_label(text: str) -> bool:
+    return len(text) <= MAX_LABEL and _LABEL.match(text) is not None
+
+
+def recordable_key(key: str) -> bool:
+    """True if ``key`` can be recorded: a claim key (:data:`KEY_PATTERN`) of at most :data:`MAX_KEY` characters."""
+    return len(key) <= MAX_KEY and _KEY.match(key) is not None
+
+
+def object_name(key: str) -> str:
+    """The GPUNodeClaim name of claim ``key``: deterministic and collision-free, a lowercase RFC 1123 subdomain of at
+    most 253 characters. A DNS-label key is its own name (no dot); ``<id>#<node id>`` with both parts DNS labels is
+    ``<id>.<node id>`` (one dot); any other key is ``x.<stem>.<hash>`` (two dots: the key lowercased with other
+    characters as ``-``, cut to 40, then 32 hex digits of its SHA-256), so the three forms never meet."""
+    if _is_label(key):
+        return key
+    rid, sep, node = key.partition("#")
+    if sep and _is_label(rid) and _is_label(node):
+        return f"{rid}.{node}"
+    stem = _NOT_LABEL.sub("-", key.lower()).strip("-")[:STEM].strip("-") or "claim"
+    return f"x.{stem}.{hashlib.sha256(key.encode()).hexdigest()[:32]}"
+
+
+def record_labels(key: str, pool: str) -> dict[str, str]:
+    """The labels of claim ``key``'s object: its pool, and the GPR a GPR node was launched for."""
+    labels = {"gpuscale.io/pool": pool}
+    rid = key.split("#", 1)[0]
+    if is_gpr_request_id(rid):
+        labels[GPR_LABEL] = gpr_id_of_request(rid)
+    return labels
 
 
 def rfc3339(t: float) -> str:
@@ -65,10 +115,12 @@ def parse_time(value: object, path: str) -> float:
     return stamp.timestamp()
 
 
-def claim_object(claim: NodeClaim, attempts: int = 0) -> dict[str, Any]:
-    """The GPUNodeClaim object recording ``claim`` (spec and status) after ``attempts`` failed launch attempts."""
+def claim_object(claim: NodeClaim, attempts: int = 0, key: str = "") -> dict[str, Any]:
+    """The GPUNodeClaim object recording ``claim`` (spec and status) after ``attempts`` failed launch attempts;
+    ``key`` is its key in the claim table (default: its request id)."""
+    key = key or claim.request_id
     spec: dict[str, Any] = {
-        "requestId": claim.request_id,
+        "requestId": key,
         "pool": claim.pool,
         "instanceType": claim.instance_type,
         "zone": claim.zone,
@@ -83,7 +135,7 @@ def claim_object(claim: NodeClaim, attempts: int = 0) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
-        "metadata": {"name": claim.request_id, "labels": {"gpuscale.io/pool": claim.pool}},
+        "metadata": {"name": object_name(key), "labels": record_labels(key, claim.pool)},
         "spec": spec,
         "status": claim_status(claim, attempts),
     }
@@ -133,12 +185,18 @@ def read_record(doc: Doc, obj: dict[str, Any]) -> tuple[NodeClaim, int] | None:
         doc.name = name
     with doc.field():
         rid = as_str(spec.get("requestId"), "spec.requestId", required=True)
-        if len(rid) > MAX_NAME or not _NAME.match(rid):
+        if not recordable_key(rid):
             raise FieldError(
-                "spec.requestId", "must be a DNS label (it names the object)", rid, fix="use gpuscale's request id"
+                "spec.requestId", f"must be a request id (a DNS label), with '#<node id>' for a second node, at most "
+                f"{MAX_KEY} characters", rid, fix="use gpuscale's request id",
+            )  # fmt: skip
+        if name and object_name(rid) != name:
+            raise FieldError(
+                "spec.requestId",
+                f"differs from metadata.name {name!r} (its record is named {object_name(rid)!r})",
+                rid,
+                fix="use the key the object was created for",
             )
-        if name and rid != name:
-            raise FieldError("spec.requestId", f"differs from metadata.name {name!r}", rid, fix="use the same id")
     with doc.field():
         pool = as_str(spec.get("pool"), "spec.pool", required=True)
     with doc.field():
