@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -105,6 +106,19 @@ def test_a_record_deleted_by_hand_is_created_again_within_a_few_rounds(server: K
         for _ in range(3):
             w.round(1)
         assert writer.writes == n and writer.recreated == 1, "nothing written while nothing changes"
+
+        # deleted again, and the claim changes before the writer looked at the cache: its status patch finds no
+        # object (404), and the same write creates it again
+        writer.cache = None
+        server.delete(RES, rid)
+        w.settle()
+        claims = w.proc.controller.claims
+        claims[rid] = replace(claims[rid], reason="checked by hand")
+        writer.flush()
+        w.written()
+        again = _records(server)[rid]
+        assert again["status"]["reason"] == "checked by hand" and again["status"]["phase"] == "Initialized"
+        assert again["metadata"]["uid"] != after["metadata"]["uid"] and writer.recreated == 1
     finally:
         w.close()
 

@@ -214,8 +214,11 @@ class NodeClaimWriter:
             for key in self._have:
                 if object_name(key) in names:
                     self._seen.add(key)
-                elif key in self._seen and key not in self._running:
-                    gone.append(key)
+                elif key in self._seen:
+                    if key in self._running:
+                        self._cache_version = -1  # a write in flight: looked at again on the next flush
+                    else:
+                        gone.append(key)
             for key in gone:
                 self._seen.discard(key)
                 del self._have[key]
@@ -252,6 +255,7 @@ class NodeClaimWriter:
         if self._gate is None:  # made on the client's loop, where it is used
             self._gate = asyncio.Semaphore(WRITES)
         verb = "create"
+        vanished = False
         try:
             async with self._gate:
                 while True:
@@ -275,6 +279,11 @@ class NodeClaimWriter:
                     if want is not None and have != want["status"]:
                         verb = "patch"
                         have = await self._patch(key, have, want["status"])
+                        if have is None:  # deleted by someone else: created again, once per call
+                            if vanished:
+                                raise LookupError(f"{object_name(key)} is not found for its status patch")
+                            vanished = True
+                            continue
                     with self._lock:
                         if self._want.get(key, self) is want:
                             self._want.pop(key)
@@ -324,8 +333,9 @@ class NodeClaimWriter:
         except Exception as exc:
             if as_kube_error(exc, "patch", RESOURCE + "/status").status != 404:
                 raise
-            with self._lock:  # deleted by someone else: created again by the next pass
+            with self._lock:  # deleted by someone else: created again by the caller
                 self._have.pop(key, None)
+                self._seen.discard(key)
             return None
         with self._lock:
             self._have[key] = status
