@@ -67,7 +67,6 @@ from gpuscale.core.disruption.values import (
     Kept,
     PodDisruptionBudget,
     PoolOffering,
-    Receiver,
     Replacement,
 )
 
@@ -86,7 +85,6 @@ __all__ = [
     "Kept",
     "PodDisruptionBudget",
     "PoolOffering",
-    "Receiver",
     "Replacement",
     "allowed_disruptions",
     "budget_active",

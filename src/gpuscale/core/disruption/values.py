@@ -157,18 +157,6 @@ class FreeRoom(NamedTuple):
     pods: int
 
 
-class Receiver(NamedTuple):
-    """A node that may take a candidate's pod, with its room before the pass."""
-
-    node: Node
-    cpu_milli: int
-    memory_mib: int
-    free_gpus: int
-    """Entirely free GPUs."""
-    top_gpu_milli: int
-    """Largest free milli-GPU on one GPU (-1 without GPUs)."""
-
-
 _REASON_ORDER = {DisruptionReason.EMPTY: 0, DisruptionReason.DRIFTED: 1, DisruptionReason.UNDERUTILIZED: 2}
 
 
