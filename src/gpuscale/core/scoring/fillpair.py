@@ -45,15 +45,17 @@ def knapsack(prices: Mapping[int, float], capacity: int = MILLI_PER_GPU) -> tupl
     value = np.zeros(capacity + 1)
     last = np.zeros(capacity + 1, dtype=np.int64)
     items = sorted((s, p) for s, p in prices.items() if 0 < s <= capacity and p > 0)
+    size = np.array([s for s, _ in items], dtype=np.int64)
+    price = np.array([p for _, p in items], dtype=np.float64)
+    fit = np.searchsorted(size, np.arange(capacity + 1), side="right")  # pieces of size <= c
     for c in range(1, capacity + 1):
-        best, piece = value[c - 1], int(last[c - 1])
-        for s, p in items:
-            if s > c:
-                break
-            v = value[c - s] + p
-            if v > best + 1e-12:
-                best, piece = v, s
-        value[c], last[c] = best, piece
+        value[c], last[c] = value[c - 1], last[c - 1]
+        k = int(fit[c])
+        if k:
+            v = value[c - size[:k]] + price[:k]
+            j = int(np.argmax(v))  # the smallest piece among equal best values
+            if v[j] > value[c] + 1e-12:
+                value[c], last[c] = v[j], size[j]
     return value, last
 
 
