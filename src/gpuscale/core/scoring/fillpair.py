@@ -23,7 +23,9 @@ among equals; whole-GPU requests have no excess. The GPU of a fraction is the on
 (the fitting GPU with the least free), as in fill-reserve.
 
 The prices ignore CPU, memory and GPU models (fill-reserve's terms see those). The linear program is solved by
-column generation with SciPy's HiGHS (the ``solver`` extra); new packings come from a knapsack over 0..1000.
+column generation with SciPy's HiGHS (the ``solver`` extra); new packings come from a knapsack over 0..1000. With
+the 20 fractional sizes of openb that takes about 0.1 s of CPU per ``prepare``; with hundreds of distinct sizes,
+seconds (300 random sizes: about 7 s).
 """
 
 from __future__ import annotations
