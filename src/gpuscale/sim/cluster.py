@@ -31,6 +31,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
+from operator import attrgetter
 
 import numpy as np
 
@@ -502,13 +503,13 @@ class SimCluster:
     def list_pods(self) -> Sequence[Pod]:
         """Every pending or running pod (completed and cancelled pods are gone)."""
         if self._pods_listed[0] != self.version:
-            self._pods_listed = (self.version, tuple(sp.pod for sp in self._pods.values()))
+            self._pods_listed = (self.version, tuple(map(attrgetter("pod"), self._pods.values())))
         return self._pods_listed[1]
 
     def list_nodes(self) -> Sequence[Node]:
         """Every registered node; GPUs count as allocatable only once the device plugin is ready."""
         if self._nodes_listed[0] != self._nodes_version:
-            self._nodes_listed = (self._nodes_version, tuple(self._as_node(sn) for sn in self._nodes.values()))
+            self._nodes_listed = (self._nodes_version, tuple(map(self._as_node, self._nodes.values())))
         return self._nodes_listed[1]
 
     def _as_node(self, sn: SimNode) -> Node:
