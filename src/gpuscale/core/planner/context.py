@@ -10,6 +10,9 @@ from gpuscale.core.planner.options import Option
 from gpuscale.core.resources import Resources
 from gpuscale.core.state import ClusterState
 
+_NOTHING_USED = Resources(pods=0)
+"""A pool's usage before any node (shared: Resources is immutable)."""
+
 
 @dataclass(slots=True)
 class NewNodes:
@@ -48,7 +51,7 @@ class Context:
         n = 1 << 30
         if pool.max_nodes is not None:
             n = min(n, pool.max_nodes - self.pool_nodes.get(pool.name, 0))
-        used = self.pool_usage.get(pool.name, Resources(pods=0))
+        used = self.pool_usage.get(pool.name, _NOTHING_USED)
         lim = pool.limits
         for cap, have, each in (
             (lim.cpu_milli, used.cpu_milli, itype.vcpus * 1000),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 
 from gpuscale.core.model import Pod
 from gpuscale.core.planner.bins import Bin
@@ -18,6 +19,8 @@ from gpuscale.core.planner.feasible import ClassOptions
 from gpuscale.core.planner.options import Option
 
 EPS = 1e-9
+_RANK = itemgetter(0, 1, 2)
+"""Options ranked by price per value, then price, then option index (unique: a total order)."""
 
 
 class GreedyPacker:
@@ -93,7 +96,7 @@ class GreedyPacker:
             ranked.append((o.price / (solo * ref) if ref > 0 else o.price, o.price, o.index, o))
         if not ranked:
             return None
-        ranked.sort(key=lambda t: t[:3])
+        ranked.sort(key=_RANK)
         best: tuple[float, float, float, int] | None = None
         chosen: tuple[Option, dict[int, int]] | None = None
         seen_types: set[tuple[str, str]] = set()
