@@ -22,12 +22,33 @@ launched node a GPR no longer holds to :meth:`GprSteps.release_gpr_node`. The co
   node of its pool again (consolidated after ``consolidateAfter`` when empty, or borrowed by the next GPR).
   Borrowed nodes are always given back, never deleted by their GPR.
 
-:class:`GprNodes` is the state (the GPR labels seen on Nodes, releases not yet carried out, labels just written); it
-costs nothing while no GPR manager uses this engine (pods-only clusters behave exactly as before).
+:class:`GprNodes` is the state (the GPR labels seen on Nodes, releases not yet carried out, labels just written, the
+provider as last observed for the manager); it costs nothing while no GPR manager uses this engine (pods-only
+clusters behave exactly as before).
+
+**One reader of the provider.** In engine mode the controller's observe step is the only caller of the provider's
+``list_nodes`` and ``poll_errors`` (``poll_errors`` drains the provider's queue: two readers would each take events
+meant for the other). Each round it hands both to :class:`GprFeed`, which keeps the last node list and queues the
+events whose request id is a GPR's until the manager takes them with :meth:`GprSteps.gpr_observation` (each event
+once; bounded, see :class:`GprFeed`). The controller still handles every event for its own claims, GPR nodes
+included. Who reacts to what, exactly once each:
+
+- a GPR launch's ``launch-failed``: the engine fails the claim and marks the offering in the shared availability
+  record; the manager fails the GPR's attempt (``ProvisioningFailed``; requeued or not per the GPR core);
+- a GPR node's ``node-failed`` or spot notice: the engine drains and deletes the node (involuntary), the manager never
+  deletes it. A Provisioning GPR's attempt fails on a ``node-failed`` of its request (its other launched nodes are
+  then released as usual; the failed node's release is dropped, as it is leaving already); a Provisioned GPR learns
+  of the loss when the node leaves the provider's list (``NodeLost``).
+
+Until the engine's first observation (a manager pass before the controller's first round, after a restart)
+:meth:`GprSteps.gpr_observation` returns None and the manager skips its pass rather than asking the provider.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -45,8 +66,10 @@ from gpuscale.core.gpr import (
 from gpuscale.core.model import CapacityType, Node, Pod, Taint
 from gpuscale.core.nodeclaim import REQUEST_ID_LABEL, ClaimPhase, NodeClaim
 from gpuscale.core.reconcile import Decisions, EventKind, Rules, adopt_claim, start_drain
-from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest
+from gpuscale.errors import ProviderError
+from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, ProviderEvent
 
+log = logging.getLogger("gpuscale.controller")
 _HOLDING = (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED, ClaimPhase.INITIALIZED)
 _LIVE_PODS = ("Pending", "Running", "")
 WRITE_GRACE_S = 120.0
@@ -64,6 +87,86 @@ def launched_for(key: str, node: Node | None = None) -> str | None:
     return gpr_id_of_request(rid) if is_gpr_request_id(rid) else None
 
 
+MAX_GPR_EVENTS = 1024
+"""How many distinct GPR provider events (request id, node id, kind) wait at most for the GPR manager."""
+
+
+class GprFeed:
+    """The provider as the engine last observed it, kept for the GPR manager: the node list of the last round and the
+    GPR launches' events not taken yet (the engine is the provider's only reader; see the module docstring).
+
+    Events wait in arrival order until :meth:`take` returns them, once. The same event reported again before it was
+    taken (same request id, node id and kind) is kept once, its latest report in its place; past ``limit`` distinct
+    events the oldest is dropped, counted in :attr:`dropped` and logged (a manager that has not run for that long).
+    A round whose observation failed keeps the queue and makes :meth:`take` raise that error until the next round
+    observes again."""
+
+    def __init__(self, limit: int = MAX_GPR_EVENTS) -> None:
+        self.limit = limit
+        self.cloud: Sequence[CloudNode] | None = None
+        """The provider's node list as of the last round that observed it; None before the first."""
+        self.error: ProviderError | None = None
+        """Why the last round could not observe the provider (None: it did)."""
+        self.dropped = 0
+        self._events: OrderedDict[tuple[str, str, str], ProviderEvent] = OrderedDict()
+        self._lock = threading.Lock()
+        self._taken: tuple[object, tuple[CloudNode, ...]] = (None, ())
+        """(the list last taken, its GPR nodes)."""
+        self._gprs: tuple[object, tuple[CloudNode, ...]] = (None, ())
+        """(a list, its GPR nodes): the last one looked at."""
+
+    def observed(self, cloud: Sequence[CloudNode], events: Sequence[ProviderEvent]) -> None:
+        """A round listed ``cloud`` and polled ``events``: keep the list, queue the events of GPR launches."""
+        with self._lock:
+            self.cloud, self.error = cloud, None
+            for ev in events:
+                if not is_gpr_request_id(ev.request_id):
+                    continue
+                key = (ev.request_id, ev.node_id, str(ev.kind))
+                self._events.pop(key, None)
+                self._events[key] = ev
+                if len(self._events) > self.limit:
+                    _, old = self._events.popitem(last=False)
+                    self.dropped += 1
+                    log.warning("GPR event queue full (%d): dropped %s of %s", self.limit, old.kind, old.request_id)
+
+    def failed(self, error: ProviderError) -> None:
+        """A round could not observe the provider."""
+        with self._lock:
+            self.error = error
+
+    def take(self) -> tuple[Sequence[CloudNode], list[ProviderEvent]] | None:
+        """(the last node list, the queued events, which leave the queue), or None before the first observation;
+        raises the error of a round that could not observe (the events stay queued)."""
+        with self._lock:
+            if self.error is not None:
+                raise self.error
+            if self.cloud is None:
+                return None
+            events = list(self._events.values())
+            self._events.clear()
+            self._taken = (self.cloud, self._gpr_nodes(self.cloud))
+            return self.cloud, events
+
+    def news(self) -> bool:
+        """True if the manager has not taken all there is: events are queued, or the last list's GPR nodes differ from
+        those of the list it took last."""
+        with self._lock:
+            if self._events:
+                return True
+            if self.cloud is None or self.cloud is self._taken[0]:
+                return False
+            return self._gpr_nodes(self.cloud) != self._taken[1]
+
+    def _gpr_nodes(self, cloud: Sequence[CloudNode]) -> tuple[CloudNode, ...]:
+        if self._gprs[0] is not cloud:
+            self._gprs = (cloud, tuple(n for n in cloud if is_gpr_request_id(n.request_id)))
+        return self._gprs[1]
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+
 class GprNodes:
     """Which nodes GPRs hold, and which launched GPR nodes were released (see the module docstring)."""
 
@@ -79,8 +182,15 @@ class GprNodes:
         self.workloads: dict[str, Mapping[str, str]] = {}
         """The active GPRs' workload selectors, as the GPR manager last said: their nodes are room only for their
         pods (in the planner's snapshot and consolidation's simulation)."""
+        self.feed = GprFeed()
+        """The provider as last observed, for the GPR manager (kept only while :attr:`enabled`)."""
         self._version = 0
         self._keys: tuple[int, int, frozenset[str]] = (-1, -1, frozenset())
+
+    def provider_observed(self, cloud: Sequence[CloudNode], events: Sequence[ProviderEvent]) -> None:
+        """The round's provider observation: kept for the GPR manager while one uses this engine."""
+        if self.enabled:
+            self.feed.observed(cloud, events)
 
     def observe(self, nodes: Mapping[str, Node], now: float) -> None:
         """The GPR labels of the observed Nodes (and the labels written but not seen yet)."""
@@ -163,6 +273,21 @@ class GprSteps(ShellBase):
     def serve_gprs(self) -> None:
         """A GPR manager hands its demand to this engine: GPR nodes are adopted from now on (after a restart too)."""
         self.gpr.enabled = True
+
+    def gpr_observation(self) -> tuple[Sequence[CloudNode], list[ProviderEvent]] | None:
+        """The provider as this engine last observed it, for the GPR manager: (its node list, the events of GPR
+        launches not taken yet, each returned once), or None before this engine's first observation. Raises the
+        provider error of a round that could not observe."""
+        self.gpr.enabled = True
+        return self.gpr.feed.take()
+
+    def _gpr_wake_times(self) -> list[float]:
+        """Just after this round when its observation has news for the GPR manager (GPR nodes listed differently from
+        what the manager took last, or GPR events): a driver that runs the manager's pass before the round gives it a
+        pass that sees them, instead of leaving them until its next periodic pass."""
+        if self.gpr.enabled and self.gpr.feed.news():
+            return [self.observed.now + 1e-6]
+        return []
 
     def hold_gpr_workloads(self, workloads: Mapping[str, Mapping[str, str]]) -> None:
         """The active GPRs' workload selectors (gprId -> selector), from the GPR manager's last pass."""

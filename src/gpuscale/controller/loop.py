@@ -228,6 +228,7 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
         times += self.launcher.wake_times()
         times += self.deletions.wake_times()
         times += self.gate.wake_times(self._pool_of_node)
+        times += self._gpr_wake_times()
         return times
 
     # --------------------------------------------------------------------------------------------- observing
@@ -246,9 +247,12 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
                 obs.keep_cloud(provided, [c for c in provided if c.state is not CloudNodeState.GONE])
             cloud = obs.cloud
             events = list(self.provider.poll_errors())
+            self.gpr.provider_observed(provided, events)  # the GPR manager's view: the engine is the one reader
             pdbs = list(self.backend.list_pdbs())
             utilization = dict(self.backend.gpu_utilization()) if self.gate.measured else {}
         except ProviderError as exc:
+            if self.gpr.enabled:
+                self.gpr.feed.failed(exc)
             self._record(now, EventKind.OBSERVE_FAILED, "provider/" + self.provider.name, type(exc).__name__, str(exc))
             return None
         return World(now, pods, nodes, cloud, events, pdbs, utilization)

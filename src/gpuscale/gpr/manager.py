@@ -1,7 +1,8 @@
 """The GPR manager: the imperative shell around :func:`gpuscale.core.gpr.plan_gprs`.
 
 ``reconcile()`` observes (existing inventory, the nodes the provider launched for GPRs, provider events, GPU
-utilisation), plans, persists the plan and a journal entry per effect (write-ahead), then acts: deletes launched
+utilisation; with an engine, the provider as the engine last observed it: the engine is the provider's one reader),
+plans, persists the plan and a journal entry per effect (write-ahead), then acts: deletes launched
 nodes of GPRs that no longer hold them (by node id, never by shrinking a pool), unlabels and labels borrowed
 inventory nodes, and launches nodes with the GPR's labels and taints under a request id that is deterministic per
 GPR and attempt, so a restart never doubles a launch.
@@ -75,12 +76,20 @@ from gpuscale.core.reconcile import (
 from gpuscale.errors import AuthenticationError, GpuscaleError, InputError, NotFound, ProviderError
 from gpuscale.gpr.ports import GprStorePort
 from gpuscale.gpr.store import StaleWrite, Stored, new_gpr_id
-from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, Provider, ProviderEventKind
+from gpuscale.providers.base import (
+    CloudNode,
+    CloudNodeState,
+    LaunchRequest,
+    Provider,
+    ProviderEvent,
+    ProviderEventKind,
+)
 
 log = logging.getLogger("gpuscale.gpr")
 
 HOLDING_STATES = (GprState.PROVISIONING, GprState.PROVISIONED)
 """States in which a GPR holds nodes: they take only its workloads' pods."""
+_LEFT = (CloudNodeState.DELETING, CloudNodeState.GONE)
 ACTIVE_STATES = (GprState.QUEUED, GprState.PROVISIONING, GprState.PROVISIONED, GprState.FAILED, GprState.EVICTED)
 
 
@@ -216,6 +225,12 @@ class NodeEngine(Protocol):
         """From now on GPR nodes are the engine's (adopted after a restart, never consolidated while held)."""
         ...
 
+    def gpr_observation(self) -> tuple[Sequence[CloudNode], list[ProviderEvent]] | None:
+        """The provider as the engine last observed it: (its node list, the GPR launches' events not taken yet, each
+        once), or None before the engine's first observation; raises the provider error of a failed observation.
+        The engine is the provider's only reader: the manager never lists or polls it itself."""
+        ...
+
     def gpr_inventory(self) -> Inventory:
         """The engine's free nodes and the nodes GPRs hold by label, as inventory GPRs borrow."""
         ...
@@ -250,8 +265,10 @@ class GprManager:
     ``provider`` or ``provider_factory`` (called lazily, only when dynamic nodes are enabled) gives the cloud;
     ``inventory`` the existing nodes; ``utilization`` maps node names to GPU utilisation (0..1) for launched
     nodes (inventory nodes carry their own). With ``engine`` (the node controller) launches and deletions go through
-    the engine's claim table and node lifecycle, and its availability record is shared; the provider is then only
-    observed; without an ``inventory`` the engine's free nodes are the inventory (borrowed before launching).
+    the engine's claim table and node lifecycle, and its availability record is shared; the provider's nodes and
+    events are then read from the engine's last observation (:meth:`NodeEngine.gpr_observation`), never from the
+    provider, and a pass before the engine's first observation is skipped; without an ``inventory`` the engine's
+    free nodes are the inventory (borrowed before launching).
     """
 
     def __init__(
@@ -281,6 +298,8 @@ class GprManager:
         self._utilization = utilization
         self._blocked: str | None = None
         self._engine = engine
+        self._failed: dict[str, str] = {}
+        """Failed GPR launches (request id -> message) taken from the provider, until a stored plan has seen them."""
         if engine is not None:
             engine.serve_gprs()
             if inventory is None:  # the engine's free nodes are borrowed before new ones are launched
@@ -416,6 +435,7 @@ class GprManager:
             except StaleWrite as exc:
                 report.skipped = f"plan dropped: {exc}"
                 return report
+            self._failed.clear()  # the failures taken from the provider were seen by a stored plan
             report.transitions = list(plan.transitions)
             if self._engine is not None:
                 after = {s.gpr.gpr_id: s.gpr for s in stored.values()} | {g.gpr_id: g for g in plan.updates}
@@ -609,15 +629,25 @@ class GprManager:
 
     # ---------------------------------------------------------------------------------------- observe
     def _observe(self, report: ReconcileReport) -> CapacityView | None:
+        """The capacity view of a pass: inventory, the provider's GPR nodes and failed GPR launches. Without an engine
+        the provider is listed and polled here; with one, the engine's last observation is used (the engine is the
+        provider's one reader: :meth:`NodeEngine.gpr_observation`) and the pass is skipped until the engine has
+        observed once. Failures taken stay in ``_failed`` until a plan that saw them is stored."""
         inv_nodes = list(self.inventory.nodes()) if self.inventory is not None else []
         provider = self._get_provider()
         created: list[GprNode] = []
-        failed: dict[str, str] = {}
         observed = False
         if provider is not None:
             try:
-                cloud = [n for n in provider.list_nodes() if is_gpr_request_id(n.request_id)]
-                events = provider.poll_errors()
+                if self._engine is None:
+                    listed: Sequence[CloudNode] = provider.list_nodes()
+                    events: Sequence[ProviderEvent] = provider.poll_errors()
+                else:
+                    seen = self._engine.gpr_observation()
+                    if seen is None:
+                        report.skipped = "waiting for the node engine's first observation of the provider"
+                        return None
+                    listed, events = seen
             except AuthenticationError as exc:
                 self._provider_failed(exc)
             except ProviderError as exc:
@@ -627,11 +657,16 @@ class GprManager:
                 return None
             else:
                 observed = True
+                for ev in events:
+                    if ev.kind in (ProviderEventKind.LAUNCH_FAILED, ProviderEventKind.NODE_FAILED) and (
+                        is_gpr_request_id(ev.request_id)
+                    ):
+                        self._failed[ev.request_id] = ev.message or str(ev.kind)
                 util = dict(self._utilization()) if self._utilization is not None else {}
                 by_name = {n.name: n for n in inv_nodes}
                 last_word = self._ready_state(provider)
-                for cn in cloud:
-                    if cn.state in (CloudNodeState.DELETING, CloudNodeState.GONE):
+                for cn in listed:
+                    if not is_gpr_request_id(cn.request_id) or cn.state in _LEFT:
                         continue
                     k8s = by_name.pop(cn.node_name, None)
                     if self._engine is not None and k8s is not None and k8s.gpr_id != gpr_id_of_request(cn.request_id):
@@ -639,11 +674,6 @@ class GprManager:
                         continue
                     created.append(self._to_gpr_node(cn, k8s, util, last_word))
                 inv_nodes = list(by_name.values())
-                for ev in events:
-                    if ev.kind in (ProviderEventKind.LAUNCH_FAILED, ProviderEventKind.NODE_FAILED) and (
-                        is_gpr_request_id(ev.request_id)
-                    ):
-                        failed[ev.request_id] = ev.message or str(ev.kind)
         blocked = self._blocked if self.config.enable_dynamic_node else None
         if self.config.enable_dynamic_node and provider is None and blocked is None:
             blocked = "no cloud provider is configured"
@@ -651,7 +681,7 @@ class GprManager:
         return CapacityView(
             nodes=(*inv_nodes, *created),
             scale_up_blocked=blocked,
-            failed_requests=failed,
+            failed_requests=dict(self._failed),
             observed_created=observed,
             unavailable=self.availability.unavailable_at(now),
         )
