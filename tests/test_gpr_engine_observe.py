@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ from gpuscale.core.nodeclaim import ClaimPhase
 from gpuscale.core.plan import PlannerConfig
 from gpuscale.errors import TransientProviderError
 from gpuscale.gpr.manager import GprManager, ReconcileReport
-from gpuscale.gpr.store import GprStore
+from gpuscale.gpr.store import GprStore, StaleWrite
 from gpuscale.providers.base import CloudNode, CloudNodeState, ProviderEvent, ProviderEventKind
 from gpuscale.sim.cloud import SimCloud
 from gpuscale.sim.cluster import SimCluster
@@ -289,3 +290,33 @@ def test_the_manager_skips_a_pass_when_the_engine_could_not_observe(tmp_path: Pa
     rig.ctrl.reconcile()
     assert rig.manager.reconcile().skipped == ""
     assert rig.manager.get(gid).state is GprState.PROVISIONED
+
+
+class RacingStore(GprStore):
+    """A GPR store whose next plan write loses a race (another writer changed a GPR meanwhile) when ``race`` is set."""
+
+    race = False
+
+    def apply(self, *args: Any, **kwargs: Any) -> list[int]:
+        if self.race:
+            self.race = False
+            raise StaleWrite("a GPR changed since it was read")
+        return super().apply(*args, **kwargs)
+
+
+def test_a_failure_taken_by_a_pass_whose_plan_is_dropped_is_seen_by_the_next(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, gpr_first=False)
+    store = RacingStore(rig.db)
+    rig.manager = GprManager(store, CATALOG, provider=rig.cloud, clock=rig.engine.clock, engine=rig.ctrl)
+    rig.cloud.behaviour = replace(FAST, launch_failure_rate=1.0)
+    gid = rig.manager.create(SPEC).gpr_id
+    rig.run(6.0)  # launched at 2 s; fails at 7 s
+    assert rig.manager.get(gid).state is GprState.PROVISIONING
+    store.race = True
+    rig.engine.run_until(8.0)
+    rig.ctrl.reconcile()  # polls the failure and queues it
+    dropped = rig.manager.reconcile()  # takes it, but its plan is dropped
+    assert dropped.skipped.startswith("plan dropped") and len(rig.ctrl.gpr.feed) == 0
+    report = rig.manager.reconcile()
+    (fail,) = [t for t in report.transitions if t.trigger is Trigger.PROVISIONING_FAILED]
+    assert "failed to start" in fail.reason
