@@ -263,6 +263,26 @@ def test_a_gpr_nodes_failure_gets_one_reaction_the_engine_drains_it_the_manager_
     assert rig.cloud.counters.duplicate_nodes == 0
 
 
+def test_a_provisioning_gprs_node_failure_fails_the_attempt_once_and_the_engine_deletes_it(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    gid = rig.manager.create(SPEC).gpr_id
+    rig.run(6.0)  # launched, not up yet
+    assert rig.manager.get(gid).state is GprState.PROVISIONING
+    first, second = rig.gpr_nodes()
+    rig.cloud.report(_ev(ProviderEventKind.NODE_FAILED, first.request_id, first.node_id, "GPU fell off the bus"))
+    rig.run(30.0)
+    assert rig.events("NodeFailed") == [f"node/{first.node_name}"]  # the engine drained it
+    assert len([e for e in rig.cluster.events if e.kind == str(EventKind.DELETE)
+                and e.object == f"node/{first.node_name}"]) == 1  # fmt: skip
+    moves = [(t.from_state, t.to_state, t.trigger, t.reason) for t in rig.transitions(gid)]
+    failed = (GprState.PROVISIONING, GprState.FAILED, Trigger.PROVISIONING_FAILED, "GPU fell off the bus")
+    assert moves.count(failed) == 1 and rig.manager.get(gid).state is GprState.FAILED
+    assert first.node_id not in {n.node_id for n in rig.cloud.alive()}
+    # the attempt's other node is released by the manager and given back by the engine (Consolidate), once
+    assert rig.events("GprReleased") == [f"node/{second.node_name}"]
+    assert rig.cloud.counters.duplicate_nodes == 0
+
+
 # ----------------------------------------------------------------------------------------------- restart
 def test_after_a_restart_the_manager_waits_for_the_engines_first_observation(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
