@@ -154,6 +154,38 @@ def test_the_feed_is_bounded_dropping_the_oldest_and_keeps_events_over_a_failed_
     assert feed.take() == ((), evs[2:])
 
 
+def test_the_feed_says_when_a_round_brought_gpr_news() -> None:
+    feed = GprFeed()
+    od = CATALOG.instance_types[0].offerings[0].capacity_type
+    gpr = CloudNode("n1", GPR_RID, "gpu", "t", "z", od, CloudNodeState.RUNNING)
+    pods = CloudNode("n2", "r-pods-1", "gpu", "t", "z", od, CloudNodeState.RUNNING)
+    feed.observed((pods,), [])
+    assert not feed.fresh  # no GPR node
+    feed.observed((pods, gpr), [])
+    assert feed.fresh
+    feed.observed((replace(pods, state=CloudNodeState.READY), gpr), [])
+    assert not feed.fresh  # only a pod node changed
+    feed.observed((pods, replace(gpr, state=CloudNodeState.READY)), [])
+    assert feed.fresh
+    feed.observed((pods,), [])
+    assert feed.fresh  # the GPR node left
+    feed.observed((pods,), [_ev(ProviderEventKind.LAUNCH_FAILED, GPR_RID)])
+    assert feed.fresh
+
+
+def test_the_controller_asks_for_a_look_just_after_a_round_with_gpr_news(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.manager.create(SPEC)
+    rig.run(4.0)  # 2 s: the pass waits, the first round observes; 4 s: the pass launches, the round sees the nodes
+    assert rig.reports[0].skipped and rig.reports[1].launched
+    now = rig.engine.now()
+    assert rig.ctrl.next_wakeup() == pytest.approx(now, abs=1e-3)
+    rig.manager.reconcile()  # the manager takes them; the next round sees no change
+    rig.ctrl.reconcile()
+    wake = rig.ctrl.next_wakeup()
+    assert wake is None or wake > now + 1.0
+
+
 # ----------------------------------------------------------------------------------------------- one reader
 @pytest.mark.parametrize("gpr_first", [True, False])
 def test_in_engine_mode_the_provider_is_listed_and_polled_once_a_tick(tmp_path: Path, gpr_first: bool) -> None:

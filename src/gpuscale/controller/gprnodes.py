@@ -108,6 +108,8 @@ class GprFeed:
         self.error: ProviderError | None = None
         """Why the last round could not observe the provider (None: it did)."""
         self.dropped = 0
+        self.fresh = False
+        """The last round's observation changed the GPR nodes listed, or brought GPR events."""
         self._events: OrderedDict[tuple[str, str, str], ProviderEvent] = OrderedDict()
         self._lock = threading.Lock()
         self._taken: tuple[object, tuple[CloudNode, ...]] = (None, ())
@@ -118,10 +120,16 @@ class GprFeed:
     def observed(self, cloud: Sequence[CloudNode], events: Sequence[ProviderEvent]) -> None:
         """A round listed ``cloud`` and polled ``events``: keep the list, queue the events of GPR launches."""
         with self._lock:
+            before = self.cloud
+            if before is None:
+                self.fresh = bool(self._gpr_nodes(cloud))
+            else:
+                self.fresh = cloud is not before and self._gpr_nodes(cloud) != self._gpr_nodes(before)
             self.cloud, self.error = cloud, None
             for ev in events:
                 if not is_gpr_request_id(ev.request_id):
                     continue
+                self.fresh = True
                 key = (ev.request_id, ev.node_id, str(ev.kind))
                 self._events.pop(key, None)
                 self._events[key] = ev
@@ -282,10 +290,11 @@ class GprSteps(ShellBase):
         return self.gpr.feed.take()
 
     def _gpr_wake_times(self) -> list[float]:
-        """Just after this round when its observation has news for the GPR manager (GPR nodes listed differently from
-        what the manager took last, or GPR events): a driver that runs the manager's pass before the round gives it a
-        pass that sees them, instead of leaving them until its next periodic pass."""
-        if self.gpr.enabled and self.gpr.feed.news():
+        """Just after this round when its observation brought news for the GPR manager (GPR nodes listed differently
+        from the round before, or GPR events): a driver that runs the manager's pass before the round gives it a pass
+        that sees them, instead of leaving them until its next periodic pass (once per change)."""
+        feed = self.gpr.feed
+        if self.gpr.enabled and feed.fresh and feed.news():
             return [self.observed.now + 1e-6]
         return []
 
