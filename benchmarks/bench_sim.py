@@ -13,6 +13,13 @@ three by default).
   and faults change with the seed; the workload does not), two runs at a time: cost and p95 pending per seed and
   their means (the mean cost also over the lower bound), so that one lucky or unlucky seed does not decide a
   comparison.
+* ``decisions``: seed 1 under gpuscale and Karpenter-like: consolidations by reason and action, pods disrupted,
+  nodes launched, GPU-hours bought and requested (why one is cheaper than the other).
+
+``--set KEY=YAML`` adds a gpuscale policy setting (e.g. ``'evictionCost={horizon: 1h}'``, ``'headroom={gpu:
+{maxNodes: 2, maxHourlyCost: 4}}'``; the baselines ignore gpuscale's options), ``--pool-wait
+consolidateEmptyAfter=5m`` changes gpuscale's pools' waits, ``--policies gpuscale`` limits ``seeds`` to some
+policies (see docs/policies.md).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import json
 import statistics
 import sys
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -182,9 +190,31 @@ def seeds() -> dict[str, Any]:
     return out
 
 
+def decisions() -> dict[str, Any]:
+    """Seed 1 of the openb replay under gpuscale and Karpenter-like: what each consolidation decided (by reason and
+    action), pods disrupted, nodes launched, GPU-hours bought and requested."""
+    out: dict[str, Any] = {}
+    for policy in ("gpuscale", "karpenter"):
+        res, _ = _openb(policy)
+        r = res.report
+        kinds = Counter(
+            f"{e.reason}/{(e.data or {}).get('action', '')}" for e in res.cluster.events if e.kind == "Consolidate"
+        )
+        row = {k: r[k] for k in ("costUsd", "pendingP95s", "nodesLaunched", "disruptions")}
+        row |= {"gpuHoursBought": round(r["gpuHoursBought"], 1), "gpuHoursRequested": round(r["gpuHoursRequested"], 1)}
+        out[policy] = row | {"consolidations": dict(sorted(kinds.items()))}
+        print(
+            f"decide  {policy:20s} ${r['costUsd']:,.2f}  p95 {r['pendingP95s']:.1f} s  nodes {r['nodesLaunched']}  "
+            f"pods disrupted {r['disruptions']}  GPU-h bought {r['gpuHoursBought']:,.0f} "
+            f"(requested {r['gpuHoursRequested']:,.0f})"
+        )
+        print("        consolidations " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("which", nargs="*", help="replay, burst, compare, seeds (default: the first three)")
+    parser.add_argument("which", nargs="*", help="replay, burst, compare, seeds, decisions (default: the first three)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument(
         "--set",
@@ -217,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.policies:
         global SEED_POLICIES
         SEED_POLICIES = tuple(p.strip() for p in args.policies.split(",") if p.strip())
-    runs = {"replay": replay, "burst": burst, "compare": compare, "seeds": seeds}
+    runs = {"replay": replay, "burst": burst, "compare": compare, "seeds": seeds, "decisions": decisions}
     which = args.which or ["replay", "burst", "compare"]
     unknown = [w for w in which if w not in runs]
     if unknown:
