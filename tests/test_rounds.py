@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from gpuscale.controller.availability import Availability
 from gpuscale.controller.batching import PendingBatch
+from gpuscale.controller.consolidation import Mismatch
 from gpuscale.controller.loop import Controller, ControllerConfig
 from gpuscale.controller.rounds import Observation, Replacements, Reports, ScaleUpState
 from gpuscale.core.disruption import ActionKind, DisruptionAction, DisruptionReason
@@ -99,6 +100,22 @@ def test_check_mode_records_only_launches_the_last_plan_did_not_decide() -> None
     assert len(st_.mismatches) == 1 and st_.excused == 1
     st_.compare(31.0, Gate.COVERED, ScaleUpDecision((for_p,), {}, (), 0, False), 30.0)
     assert len(st_.mismatches) == 2 and st_.excused == 1
+    # p (the exception's) moves to a node in flight and q, launched for there, needs a node: with the plan without
+    # p (given by replan) the launch for q is the exception's; a launch that plan still wants is not
+    for_q, for_r = replace(order("q"), pods=("q",)), replace(order("r"), pods=("r",))
+    moves_p = ScaleUpDecision((for_q, for_r), {"p": "in-flight"}, (), 0, False)
+    asked: list[frozenset[str]] = []
+
+    def replan(moved: frozenset[str]) -> ScaleUpDecision:
+        asked.append(moved)
+        return ScaleUpDecision((for_r,), {}, (), 0, False)
+
+    st_.compare(4.0, Gate.COVERED, moves_p, 30.0, pending={"p", "q", "r"}, replan=replan)
+    assert asked == [frozenset({"p"})] and st_.excused == 2
+    assert st_.mismatches[-1] == Mismatch(4.0, "skipped plan (covered)", (), (("r",),))
+    # p still placed where the last plan put it: the exception played no part, nothing is re-planned
+    st_.compare(5.0, Gate.COVERED, replace(moves_p, placed={"p": "n1"}), 30.0, pending={"p", "q"}, replan=replan)
+    assert len(asked) == 1 and st_.mismatches[-1].reference == (("q",), ("r",))
 
 
 # ------------------------------------------------------------------------------------------------- Observation
@@ -188,6 +205,7 @@ def test_capacity_errors_replan_at_once_at_most_max_replans_times_a_round() -> N
     st.sampled_from([0.0, 2.0]),
 )
 @example([(0.0, 20.0, 3), (0.0, 22.0, 1), (22.0, 20.0, 3), (22.0, 20.0, 1), (56.0, 20.0, 4)], 0.0)
+@example([(0.0, 20.0, 1)] * 4 + [(2.0, 20.0, 2), (2.0, 20.0, 3)], 0.0)  # the exception's pod moves another pod
 def test_a_skipped_plan_would_have_launched_nothing_new(pods: list[tuple[float, float, int]], idle: float) -> None:
     engine, cluster, ctrl = _controller(FAST, replace(CONFIG, batch_idle_s=idle), check=True)
     for i, (at, duration, gpus) in enumerate(pods):

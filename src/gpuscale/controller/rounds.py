@@ -14,7 +14,7 @@ Each decides nothing: the decisions are in :mod:`gpuscale.core.reconcile`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from gpuscale.controller.batching import PendingBatch
@@ -26,6 +26,7 @@ from gpuscale.core.reconcile.scaleup import (
     PlanFn,
     PlanningMemo,
     ScaleUpDecision,
+    displaced,
     held_back,
     scale_up_wake_times,
 )
@@ -80,11 +81,25 @@ class ScaleUpState:
         ends (a plan may then launch what it could not)."""
         return scale_up_wake_times(self.batch.wake_time(), bool(self.batch.seen), availability.expiries())
 
-    def compare(self, now: float, gate: Gate, reference: ScaleUpDecision, replan_interval_s: float) -> None:
+    def compare(
+        self,
+        now: float,
+        gate: Gate,
+        reference: ScaleUpDecision,
+        replan_interval_s: float,
+        *,
+        pending: Collection[str] | None = None,
+        replan: Callable[[frozenset[str]], ScaleUpDecision] | None = None,
+    ) -> None:
         """Check mode: record a skip whose plan (``reference``) has launch orders the last plan did not decide (see
-        :func:`~gpuscale.core.reconcile.scaleup.held_back`; the orders its exception allows are only counted)."""
+        :func:`~gpuscale.core.reconcile.scaleup.held_back`; the orders its exception allows are only counted).
+        ``pending``: the pending pods (default: every pod the memo placed); ``replan``: plans the same round with
+        the given pods left out, called when the exception covered some."""
         self.checked[gate] = self.checked.get(gate, 0) + 1
-        wrong, excused = held_back(self.memo, reference, now, replan_interval_s)
+        keys = self.memo.planned_on_node.keys() if pending is None else pending
+        moved = displaced(self.memo, reference, keys, now, replan_interval_s)
+        without = replan(moved) if moved and replan is not None else None
+        wrong, excused = held_back(self.memo, reference, moved, without)
         self.excused += len(excused)
         if wrong:
             self.mismatches.append(Mismatch(now, f"skipped plan ({gate})", (), tuple(wrong)))

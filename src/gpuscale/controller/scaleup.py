@@ -20,6 +20,7 @@ from gpuscale.core.reconcile.scaleup import (
     LaunchOrder,
     PlanFn,
     PlanningMemo,
+    ScaleUpDecision,
     Step,
     after_launch,
     decide_scale_up,
@@ -107,7 +108,12 @@ class ScaleUpSteps(ShellBase):
             if st.check:
                 snapshot = self._snapshot(w, verdict.real, virtual)
                 ref = decide_scale_up(snapshot, st.planner, self.config.planner, now)
-                st.compare(now, gate, ref, self.config.replan_interval_s)
+
+                def replan(moved: frozenset[str]) -> ScaleUpDecision:
+                    kept = replace(snapshot, pods=tuple(p for p in snapshot.pods if p.key not in moved))
+                    return decide_scale_up(kept, st.planner, self.config.planner, now)
+
+                st.compare(now, gate, ref, self.config.replan_interval_s, pending=verdict.pending, replan=replan)
             return
         if gate is not Gate.PLAN:
             return

@@ -72,7 +72,9 @@ class PlanningMemo:
     nothing the last plan did not already decide (every launch order it would give has a seed in :attr:`seeds`), so
     skipping gives the same launches as planning. One exception, by design: a pod the last plan put on an existing
     node less than ``replanInterval`` ago stays covered even if a pod the scheduler bound there since took its
-    room; it is planned again at the latest ``replanInterval`` after that plan.
+    room; it is planned again at the latest ``replanInterval`` after that plan. (Planned now, such a pod may take
+    the room of a node in flight launched for another pod, which then needs a node: that launch is the exception's
+    too, see :func:`held_back`.)
     """
 
     last_plan_at: float = -math.inf
@@ -268,23 +270,40 @@ def launch_orders(plan: ScaleUpPlan) -> tuple[tuple[LaunchOrder, ...], dict[str,
     return tuple(orders), placed
 
 
+def displaced(
+    memo: PlanningMemo, reference: ScaleUpDecision, pending: Collection[str], now: float, replan_interval_s: float
+) -> frozenset[str]:
+    """The pending pods a skip kept covered only by the memo's exception: put on an existing node by a plan less than
+    ``replan_interval_s`` old, yet put elsewhere (another node, or a new one) by the plan it skipped (``reference``)
+    because pods bound there since took their room."""
+    if now - memo.last_plan_at >= replan_interval_s:
+        return frozenset()
+    return frozenset(p for p, n in memo.planned_on_node.items() if p in pending and reference.placed.get(p) != n)
+
+
 def held_back(
-    memo: PlanningMemo, reference: ScaleUpDecision, now: float, replan_interval_s: float
+    memo: PlanningMemo,
+    reference: ScaleUpDecision,
+    moved: Collection[str],
+    without: ScaleUpDecision | None = None,
 ) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
     """The seeds of the launch orders a skipped plan held back (those of ``reference``, the plan it skipped, whose
-    seed the last plan did not decide), split into (against the memo's invariant, allowed by its exception: every
-    pod of the order was put on an existing node by a plan less than ``replan_interval_s`` old)."""
-    fresh = now - memo.last_plan_at < replan_interval_s
-    wrong: list[tuple[str, ...]] = []
-    excused: list[tuple[str, ...]] = []
-    for o in reference.launches:
-        if o.seed in memo.seeds:
-            continue
-        if fresh and o.pods and all(p in memo.planned_on_node for p in o.pods):
-            excused.append(o.seed)
-        else:
-            wrong.append(o.seed)
-    return sorted(wrong), sorted(excused)
+    seed the last plan did not decide), split into (against the memo's invariant, allowed by its exception).
+
+    ``moved``: the pods the exception covered (:func:`displaced`); with none, every order held back is against the
+    invariant. ``without``: the same round's plan with those pods left out. The room a moved pod takes on a node in
+    flight may be the room a pod the node was launched for needed, so the launch it brings can be for another pod
+    (the planner packs all pending pods at once): an order is allowed exactly when ``without`` does not hold it
+    back too, and ``without``'s held-back orders are against the invariant. Without ``without``, an order is allowed
+    when every pod of it was moved."""
+    new = [o for o in reference.launches if o.seed not in memo.seeds]
+    if not moved:
+        return sorted(o.seed for o in new), []
+    if without is not None:
+        wrong = {o.seed for o in without.launches if o.seed not in memo.seeds}
+        return sorted(wrong), sorted(o.seed for o in new if o.seed not in wrong)
+    excused = [o.seed for o in new if o.pods and all(p in moved for p in o.pods)]
+    return sorted(o.seed for o in new if o.seed not in excused), sorted(excused)
 
 
 def after_launch(order: LaunchOrder, outcome: Outcome) -> Step:
