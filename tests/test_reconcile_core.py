@@ -116,6 +116,7 @@ SYNC_TABLE = [
     (ClaimPhase.LAUNCHED, True, True, True, 10.0, ClaimPhase.INITIALIZED),
     (ClaimPhase.LAUNCHED, False, False, False, 10.0, ClaimPhase.LAUNCHED),  # within lost grace
     (ClaimPhase.LAUNCHED, False, False, False, 100.0, None),  # lost
+    (ClaimPhase.LAUNCHED, False, True, False, 100.0, ClaimPhase.LAUNCHED),  # its Node joined: the list lags
     (ClaimPhase.REGISTERED, True, True, False, 10.0, ClaimPhase.REGISTERED),
     (ClaimPhase.REGISTERED, True, True, True, 10.0, ClaimPhase.INITIALIZED),
     (ClaimPhase.INITIALIZED, False, True, True, 10.0, None),  # lost

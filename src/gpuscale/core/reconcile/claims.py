@@ -3,7 +3,9 @@
 - :func:`sync_claims`: every provider node is a claim keyed by its request id: a Requested claim whose node is
   listed becomes Launched, a node nobody claims is adopted (after a restart), claims advance Launched ->
   Registered -> Initialized as the Node appears and advertises its GPUs, and a claim whose node vanished is Gone
-  (Lost, or Deleted if gpuscale was deleting it), after ``lost_grace_s`` for one launched moments ago;
+  (Lost, or Deleted if gpuscale was deleting it), after ``lost_grace_s`` for one launched moments ago (never while
+  a Launched claim's Node is in the cluster: the list lags its launches, and losing the claim would launch its pods
+  a second node);
 - :func:`on_provider_events`: spot interruption notices, asynchronous launch failures and failed nodes;
 - :func:`expire_deadlines`: claims past their phase's deadline fail, and their offering is avoided for a while;
 - :func:`progress_replacements`: a replaced node drains once all its replacements are initialised;
@@ -195,8 +197,12 @@ def sync_claims(
     for key, claim in list(current.items()):
         if key in seen or claim.phase is ClaimPhase.REQUESTED:
             continue
-        if claim.phase is ClaimPhase.LAUNCHED and now - claim.since < rules.lost_grace_s:
-            out.unlisted.add(key)  # not listed yet (eventual consistency): lost only after the grace period
+        if claim.phase is ClaimPhase.LAUNCHED and (
+            now - claim.since < rules.lost_grace_s or find_node(claim, nodes) is not None
+        ):
+            # not listed yet (eventual consistency): lost only after the grace period, and never while its Node is
+            # in the cluster (the node exists; the list lags)
+            out.unlisted.add(key)
             continue
         name = f"node/{claim.node_name or key}"
         if claim.phase is ClaimPhase.DELETING:
