@@ -32,6 +32,7 @@ RESTORE_TABLE = [
     (P.REQUESTED, "", True, True, P.INITIALIZED),
     (P.LAUNCHED, "n1", True, False, P.LAUNCHED),
     (P.LAUNCHED, "n1", True, True, P.INITIALIZED),
+    (P.LAUNCHED, "n1", False, True, P.LAUNCHED),  # launched long ago, not listed, but its Node joined: the list lags
     (P.INITIALIZED, "n1", True, True, P.INITIALIZED),
     (P.DRAINING, "n1", True, True, P.DRAINING),
     (P.FAILED, "n1", True, False, P.FAILED),  # its node is still to be deleted

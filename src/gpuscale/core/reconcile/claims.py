@@ -405,7 +405,8 @@ def restore_claims(
       Launched) and advances as its Node shows (registered, GPUs allocatable);
     - a Requested record whose node is not listed stays Requested, with a fresh launch deadline: it is launched
       again under the same request id (the provider's idempotency returns the node if it was made);
-    - a Launched record launched less than ``lost_grace_s`` ago stays (the listing may lag, as in a round);
+    - a Launched record launched less than ``lost_grace_s`` ago, or whose Node is in the cluster, stays (the listing
+      may lag, as in a round);
     - any other record whose node is not listed is stale: its node is gone (its record is deleted).
 
     Records of ``foreign`` request ids (another engine's) are left alone. Provider nodes no record names are not
@@ -441,7 +442,9 @@ def restore_claims(
                 "Restored",
                 f"claim {key} restored Requested (its node is not listed): launched again under the same id",
             )
-        elif claim.phase is ClaimPhase.LAUNCHED and now - claim.since < rules.lost_grace_s:
+        elif claim.phase is ClaimPhase.LAUNCHED and (
+            now - claim.since < rules.lost_grace_s or find_node(claim, nodes) is not None
+        ):
             out.claims[key] = claim
         else:
             out.stale.append(key)
