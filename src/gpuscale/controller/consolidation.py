@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuscale.controller.config import ControllerConfig
+from gpuscale.core.cron import parse_cron
 from gpuscale.core.disruption import DisruptionReason, classify_node, free_room
 from gpuscale.core.model import Node, NodePool, OfferingKey, Pod
 from gpuscale.core.predicates import static_fit
@@ -65,6 +66,22 @@ def pod_moves(before: Mapping[str, Sequence[Pod]], after: Mapping[str, Sequence[
             moved.add(name)
             left.add(name)
     return left, moved
+
+
+def budget_edge(pool: NodePool, now: float) -> float:
+    """The first time after ``now`` at which one of the pool's scheduled budgets opens or closes (inf if none)."""
+    edge = math.inf
+    for b in pool.disruption.budgets:
+        if b.schedule is None or b.duration_s is None or b.duration_s <= 0:
+            continue
+        cron = parse_cron(b.schedule)
+        last = cron.last_fire(now, b.duration_s)
+        if last is not None and last + b.duration_s > now:
+            edge = min(edge, last + b.duration_s)
+        nxt = cron.next_fire(now)
+        if nxt is not None:
+            edge = min(edge, nxt)
+    return edge
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +158,8 @@ class ConsolidationGate:
             frozenset(),
             frozenset(),
         )
+        self._seen: tuple[frozenset[str], Mapping[str, str], frozenset[str]] = (frozenset(), {}, frozenset())
+        """The last round's node names, pending pods planned onto nodes (pod -> node) and unplanned pending pods."""
         self.last_pass_at = -math.inf
         self.skipped = False
         """Some candidate was due but the pass rate held it back (wake up when the interval ends)."""
@@ -162,8 +181,10 @@ class ConsolidationGate:
         return pool.disruption.wait_s(empty) if pool is not None else 0.0
 
     def wake_times(self, pool_of: PoolOf) -> list[float]:
-        """When a clock runs out, and when a held-back pass may run."""
-        times: list[float] = []
+        """When a clock runs out, when a held-back pass may run, and when a resting node is due again (its retry
+        time or its pool's next budget window edge, whichever comes first): every time the gate's answer could
+        change without the cluster changing."""
+        times: list[float] = [until for _, until in self.futile.values()]
         for name, t in self.since.items():
             pool = pool_of(name)
             if pool is not None:
@@ -185,9 +206,11 @@ class ConsolidationGate:
         unavailable_now: frozenset[OfferingKey],
         now: float,
         pool_of: PoolOf,
+        planned: Mapping[str, str] | None = None,
     ) -> list[str]:
         """The candidates due for a pass now: reasons refreshed where something changed, clocks started, resting
-        nodes left out (unless what rests them changed)."""
+        nodes left out (unless what rests them changed). ``planned``: pending pods the pass places on nodes (pod
+        key -> node name; they hold room there and do not count as disrupted for PDBs)."""
 
         def on_node(name: str) -> frozenset[str]:
             return frozenset(p.key for p in by_node.get(name, ()))
@@ -204,6 +227,23 @@ class ConsolidationGate:
         left_some, pods_moved = pod_moves(prev_by_node, by_node)  # nodes a pod left; nodes whose pods changed
         changed = disrupting != prev_disrupting or unavailable_now != prev_unavailable
         changed = changed or (has_pdbs and bool(pods_moved))
+        prev_names, prev_planned, prev_pending = self._seen
+        names = frozenset(nodes)
+        if planned:  # only a pending pod holds room on the node it is planned onto (as the pass sees it)
+            waiting = {p.key for p in pods if p.pending}
+            planned = {k: v for k, v in planned.items() if k in waiting}
+        else:
+            planned = {}
+        pending: frozenset[str] = frozenset()
+        if has_pdbs:  # PDB allowances count pending pods not planned anywhere
+            pending = frozenset(p.key for p in pods if p.node_name is None and p.phase == "Pending")
+            pending = pending - planned.keys()
+        self._seen = (names, planned, pending)
+        # a node joining raises percentage budgets and minNodes headroom: every resting node is looked at again
+        changed = changed or not names <= prev_names or pending != prev_pending
+        if planned != prev_planned:  # a planned pod that left its node (or moved) frees room there
+            get = planned.get
+            left_some = left_some | {n for k, n in prev_planned.items() if get(k) != n}
         grown = left_some | room_grew
         touched = pods_moved | room_grew | (prev_room.keys() - room.keys())
         self._room = (by_node, room, frozenset(disrupting), unavailable_now)
@@ -256,9 +296,14 @@ class ConsolidationGate:
         self.last_evaluation = now
         return True
 
-    def rest(self, node_name: str, pod_keys: frozenset[str], now: float) -> None:
-        """The pass kept the node for a reason only a cluster change can lift: leave it out until one happens."""
-        self.futile[node_name] = (pod_keys, now + self.config.consolidation_retry_s)
+    def rest(self, node_name: str, pod_keys: frozenset[str], now: float, pool_of: PoolOf | None = None) -> None:
+        """The pass kept the node for a reason only a cluster change can lift: leave it out until one happens, the
+        retry time passes, or one of its pool's scheduled budgets opens or closes."""
+        until = now + self.config.consolidation_retry_s
+        pool = pool_of(node_name) if pool_of is not None else None
+        if pool is not None:
+            until = min(until, budget_edge(pool, now))
+        self.futile[node_name] = (pod_keys, until)
 
     # ------------------------------------------------------------------------------------------------ reference
     def reference_due(

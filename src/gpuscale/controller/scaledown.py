@@ -59,6 +59,7 @@ class ScaleDownSteps(ShellBase):
         by_node = w.by_node()
         unavailable_now = frozenset(k for k, t in self.availability.offerings.items() if t > now)
         last_pass = gate.last_pass_at
+        planned = self._planned(w)
         due = gate.select(
             candidates,
             disrupting,
@@ -70,6 +71,7 @@ class ScaleDownSteps(ShellBase):
             unavailable_now,
             now,
             self._pool_of_node,
+            planned,
         )
         reference = None
         if gate.check and now - last_pass >= self.config.disruption_interval_s:
@@ -102,7 +104,7 @@ class ScaleDownSteps(ShellBase):
         gate.since.update(dp.since)
         for kept in dp.kept:
             if kept.reason is not KeepReason.WAITING and kept.node not in protected:
-                gate.rest(kept.node, frozenset(p.key for p in by_node.get(kept.node, ())), now)
+                gate.rest(kept.node, frozenset(p.key for p in by_node.get(kept.node, ())), now, self._pool_of_node)
             if kept.reason is not KeepReason.WAITING:
                 self._report(f"node/{kept.node}", str(kept.reason), EventKind.DISRUPTION_BLOCKED, now, kept.message)
         for action in dp.actions:
@@ -159,15 +161,20 @@ class ScaleDownSteps(ShellBase):
                     f"only {len(rids)} of {len(action.replacements)} replacement nodes launched; node kept",
                 )
 
+    def _planned(self, w: World) -> dict[str, str]:
+        """Pending pods already planned onto existing nodes (pod key -> node name)."""
+        planned = {k: v for k, v in self.scaleup.planned_on_node.items() if v in w.nodes}
+        for c in self.claims.values():
+            if c.node_name in w.nodes and c.phase in (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED):
+                planned.update((k, c.node_name) for k in c.pods if k not in planned)
+        return planned
+
     def _disruption_inputs(self, w: World) -> DisruptionInputs:
         """Pods (pending ones already planned onto existing nodes hold their room there and protect those nodes),
         nodes (with nodes in flight), and the unavailable offerings, as a pass sees them."""
         pods = list(w.pods)
         protected: frozenset[str] = frozenset()
-        planned = {k: v for k, v in self.scaleup.planned_on_node.items() if v in w.nodes}
-        for c in self.claims.values():
-            if c.node_name in w.nodes and c.phase in (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED):
-                planned.update((k, c.node_name) for k in c.pods if k not in planned)
+        planned = self._planned(w)
         if planned:
             protected = frozenset(planned.values())
             pods = [replace(p, node_name=planned[p.key]) if p.pending and p.key in planned else p for p in pods]
