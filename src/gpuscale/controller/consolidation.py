@@ -249,6 +249,7 @@ class ConsolidationGate:
         self._room = (by_node, room, frozenset(disrupting), unavailable_now)
         if self.futile:
             targets = _Targets(grown, nodes, by_node)
+            resting = len(self.futile)
             self.futile = {
                 n: (keys, until)
                 for n, (keys, until) in self.futile.items()
@@ -259,6 +260,8 @@ class ConsolidationGate:
                 # the node's pods are exactly ``keys`` (just checked): those on it
                 and not targets.may_take(by_node.get(n, ()), n)
             }
+            if len(self.futile) < resting:  # a rest ended (its retry time, a budget edge, a change): pass again
+                self._signature = None
         classes = self._classify(candidates, nodes, touched, by_node, utilization)
         # a node's clock runs from when it became a candidate, whatever its reason since (see docs/controller.md)
         if self.since.keys() != classes.keys():  # (equal keys: the same map again)
