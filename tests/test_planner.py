@@ -264,3 +264,19 @@ def test_planner_runs_with_every_scorer() -> None:
         r = plan(snap(pods, nodes), PlannerConfig(scorer=name, exact_solver=False))
         assert len(r.placements) + len(r.blocked) == len(pods), name
         assert all(v.startswith("n") or v.startswith("launch-") for v in r.placements.values()), name
+
+
+def test_plans_reusing_pools_and_catalog_follow_each_rounds_unavailable_offerings() -> None:
+    """The packer's per-class candidates are remembered per option table: the same pool and catalog objects planned
+    again with other offerings unavailable, or none, give the plan of fresh objects."""
+    cat = catalog(itype("t4", 8, 32, 1, "T4", price=0.5, zones=("z1", "z2")), itype("t4x", 8, 32, 1, "T4", price=0.7))
+    pools = (pool(),)
+    pods = [pod(f"p{i}", 1000, 1024, gpus=1) for i in range(3)]
+    rounds = [{}, {OfferingKey("t4", "z1", OD): 900.0}, {OfferingKey("t4", z, OD): 900.0 for z in ("z1", "z2")}, {}]
+    zones = []
+    for un in rounds:
+        again = plan(Snapshot(tuple(pods), (), pools, cat, un), GREEDY, now=100.0)
+        fresh = plan(snap(pods, pools=[pool()], cat=cat, unavailable=un), GREEDY, now=100.0)
+        assert again == fresh
+        zones.append([(x.instance_type, x.zone) for x in again.launches])
+    assert zones == [[("t4", "z1")], [("t4", "z2")], [("t4x", "z1")], [("t4", "z1")]]

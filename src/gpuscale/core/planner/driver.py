@@ -26,9 +26,10 @@ class Planner:
         self.snapshot = snapshot
         self.config = config
         self.now = now
-        self.choices = ClassOptions(option_table(snapshot, now))
+        table = option_table(snapshot, now)
+        self.choices = ClassOptions(table)
         self.existing = ExistingNodes(snapshot, config.scorer)
-        self.packer = GreedyPacker(self.choices, self.class_of, config.candidate_types)
+        self.packer = GreedyPacker(self.choices, self.class_of, config.candidate_types, table)
         self.classes: list[PodClass] = []
         self._class_of: dict[tuple[object, ...], PodClass] = {}
         self.pods_by_key: dict[str, Pod] = {p.key: p for p in snapshot.pods}

@@ -4,6 +4,7 @@ is active (``Snapshot.workloads``) its nodes take only pods its ``workloadSelect
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 
 import numpy as np
 
@@ -15,6 +16,8 @@ from gpuscale.core.predicates import static_failure
 from gpuscale.core.resources import Request
 from gpuscale.core.scoring import Scorer, Workload, make_scorer, select
 from gpuscale.core.state import ClusterState, IntArray
+
+_KEY = attrgetter("key")
 
 
 class ExistingNodes:
@@ -38,9 +41,11 @@ class ExistingNodes:
         nodes = self.nodes
         state = ClusterState.of([n.name for n in nodes], [n.allocatable for n in nodes], [n.gpu_model for n in nodes])
         bound: list[list[Request]] = [[] for _ in self.nodes]
-        for pod in sorted(self.snapshot.pods, key=lambda p: p.key):
-            if pod.node_name is not None and pod.phase in ("Pending", "Running") and pod.node_name in self.node_index:
-                bound[self.node_index[pod.node_name]].append(pod.request)
+        index = self.node_index
+        on_nodes = [p for p in self.snapshot.pods if p.node_name in index and p.phase in ("Pending", "Running")]
+        on_nodes.sort(key=_KEY)
+        for pod in on_nodes:
+            bound[index[pod.node_name]].append(pod.request)  # type: ignore[index]
         state.occupy_all(bound)
         self._scorer_ready = False
         if any(p.gang for p in self.snapshot.pods if p.pending):

@@ -11,7 +11,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 
-from gpuscale.core.model import Pod
+from gpuscale.core.memo import Memo
+from gpuscale.core.model import InstanceType, NodePool, Pod
 from gpuscale.core.planner.bins import Bin
 from gpuscale.core.planner.classes import PodClass
 from gpuscale.core.planner.context import Context, NewNodes
@@ -22,14 +23,41 @@ EPS = 1e-9
 _RANK = itemgetter(0, 1, 2)
 """Options ranked by price per value, then price, then option index (unique: a total order)."""
 
+_Candidate = tuple[Option, int, tuple[str, str], NodePool, InstanceType, int, float]
+"""An option a class may buy now: (option, its pods per empty node, (pool, type), pool, type, pool weight, price)."""
+
+_CANDIDATES: Memo[list[_Candidate]] = Memo(4096)
+"""Per (class key, option table): the class's available options, in table order, with what ranking reads of them
+(the same for every plan on that table; the table marks what is unavailable)."""
+
 
 class GreedyPacker:
     """Packs pods onto new nodes of the options ``choices`` offers, trying ``candidate_types`` types per class."""
 
-    def __init__(self, choices: ClassOptions, class_of: Callable[[Pod], PodClass], candidate_types: int) -> None:
+    def __init__(
+        self,
+        choices: ClassOptions,
+        class_of: Callable[[Pod], PodClass],
+        candidate_types: int,
+        table: tuple[Option, ...] | None = None,
+    ) -> None:
         self.choices = choices
         self.class_of = class_of
         self.candidate_types = candidate_types
+        self.table = table
+        """The option table ``choices`` was built on (its identity keys the per-class candidates across plans)."""
+
+    def _candidates(self, cls: PodClass) -> list[_Candidate]:
+        def make() -> list[_Candidate]:
+            return [
+                (o, solo, (o.pool.name, o.itype.name), o.pool, o.itype, o.pool.weight, o.price)
+                for o, solo in zip(self.choices.feasible(cls), self.choices.solo(cls), strict=True)
+                if o.unavailable_until is None
+            ]
+
+        if self.table is None:
+            return make()
+        return _CANDIDATES.get(make, cls.key, objects=(self.table,))
 
     def pack(self, ctx: Context, pods: Sequence[Pod]) -> list[Pod]:
         """Greedy pattern packing of ``pods`` onto new nodes. Returns the pods left without a node."""
@@ -80,20 +108,19 @@ class GreedyPacker:
         ranked: list[tuple[float, float, int, Option]] = []
         top_weight: int | None = None
         room: dict[tuple[str, str], int] = {}
-        for o, solo_max in zip(self.choices.feasible(cls), self.choices.solo(cls), strict=True):
-            if o.unavailable_until is not None:
+        headroom = ctx.headroom
+        for o, solo_max, rk, pool, itype, weight, price in self._candidates(cls):
+            r = room.get(rk)
+            if r is None:
+                r = room[rk] = headroom(pool, itype)
+            if r <= 0:
                 continue
-            rk = (o.pool.name, o.itype.name)
-            if rk not in room:
-                room[rk] = ctx.headroom(o.pool, o.itype)
-            if room[rk] <= 0:
-                continue
-            if top_weight is None or o.pool.weight > top_weight:
-                top_weight, ranked = o.pool.weight, []
-            elif o.pool.weight < top_weight:
+            if top_weight is None or weight > top_weight:
+                top_weight, ranked = weight, []
+            elif weight < top_weight:
                 continue
             solo = min(n_left, solo_max)
-            ranked.append((o.price / (solo * ref) if ref > 0 else o.price, o.price, o.index, o))
+            ranked.append((price / (solo * ref) if ref > 0 else price, price, o.index, o))
         if not ranked:
             return None
         ranked.sort(key=_RANK)
