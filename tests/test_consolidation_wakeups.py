@@ -66,10 +66,11 @@ def test_a_planned_pod_still_pending_keeps_the_rest() -> None:
             assert due == []
 
 
-def test_a_resting_node_is_a_wake_up_time() -> None:
+def test_a_budget_rest_is_a_wake_up_time() -> None:
     gate = ConsolidationGate({}, replace(CONFIG, consolidation_retry_s=300.0))
-    gate.rest("a", frozenset(), 100.0)
-    assert 400.0 in gate.wake_times(lambda _: None)
+    gate.rest("a", frozenset(), 100.0, timed=True)  # kept by a budget
+    gate.rest("b", frozenset(), 100.0)  # kept until the cluster changes
+    assert gate.wake_times(lambda _: None) == [400.0]
 
 
 WINDOW = DisruptionBudget("0", schedule="0 * * * *", duration_s=600.0)

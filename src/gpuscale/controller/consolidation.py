@@ -5,22 +5,33 @@ answers it (:func:`gpuscale.core.disruption.plan_disruption`) simulates moving p
 keeps what lets most rounds skip it:
 
 - **consolidateAfter clocks** (``since``): when each candidate became one; a node is *due* once its pool's wait
-  (for empty or for underutilised nodes) has passed, a drifted node at once;
-- **candidate reasons** (``classes``): a node's reason (empty, underutilised, drifted, none) is recomputed only when
-  its pods or capacity changed, or always for pools that judge by measured utilisation;
-- **resting nodes** (``futile``): a node kept for a reason only a cluster change can lift (its pods fit nowhere
-  cheaper, a budget, a PDB) is not due again until room appears on a node one of its pods could use, its own pods
-  change, a disruption starts or ends, offerings change, pods move while PDBs exist, or ``consolidationRetry``
-  passes;
-- **the pass rate** (``disruptionInterval``) and **the unchanged-inputs skip**: a pass whose inputs (nodes, bound
-  pods, due candidates, disruptions, protected nodes, unavailable offerings, measured utilisation) equal the last
-  evaluated ones is skipped unless a clock ran out or ``consolidationRefresh`` passed.
+  (for empty or for underutilised nodes) has passed, a drifted node at once. Not a cache: the state both gates share.
+- **candidate reasons** (``classes``), keyed by node and kept while the node's bound pods and allocatable are
+  unchanged (``touched``): a reason is :func:`~gpuscale.core.disruption.classify_node` of the node, its pool and
+  its pods, so nothing else can change it; pools that judge by measured utilisation are recomputed every round.
+- **resting nodes** (``futile``): a node the pass kept for a reason other than consolidateAfter (its pods fit
+  nowhere cheaper, a budget, a PDB, minNodes, lost work), keyed by its own pods. A pass's answer for it depends
+  on the pods and nodes it sees, the disruptions under way, offerings, PDB allowances and the time (budget
+  windows). So a rest ends when: its own pods change; room appears anywhere (a pod leaves a node, a pending pod
+  planned onto a node stops holding room there, a node joins or its allocatable changes: the pass packs pods
+  best-fit over every node, so no finer test is sound); a node joins or a node in flight appears (budgets in
+  percent and minNodes count them); a disruption starts or ends; unavailable offerings change; while PDBs exist,
+  bound pods move or the pending pods not planned anywhere change; one of its pool's scheduled budgets opens or
+  closes (:func:`budget_edge`); or ``consolidationRetry`` passes (a safety net). A node kept by a budget rests
+  until a *timed* end that is a wake-up time (:meth:`ConsolidationGate.wake_times`): a budget's room counts
+  disruptions as the pass sees them, so a quiet cluster must still look again then.
+- **the pass rate** (``disruptionInterval``) and **the unchanged-inputs skip**, keyed by the pass's inputs (nodes
+  with their allocatable, bound pods, due candidates, disruptions, protected nodes, unavailable offerings,
+  measured utilisation): a pass over the same inputs is skipped unless a clock ran out, a rest ended (budget
+  windows are the only time the pass reads besides the clocks, and they end rests) or ``consolidationRefresh``
+  passed.
 
-**Invariant** (what makes the caches safe): every skip only drops work whose answer is "no action". A node the gate
-rests, and a pass it skips, would have produced no consolidation action had everything been evaluated from scratch
-that round: the decisions equal those of an uncached gate that classifies every candidate afresh and passes every
-due candidate to the planner whenever the pass rate allows. ``check=True`` evaluates that uncached reference beside
-every round and records each difference in :attr:`ConsolidationGate.mismatches` (tests assert there are none).
+**Invariant**: every skip drops only work whose answer is "no action". The decisions equal those of an uncached
+gate that classifies every candidate afresh and passes every due candidate to the planner whenever the pass rate
+allows; and every time at which the cached gate could decide differently without the cluster changing (a clock
+running out, a held-back pass, a budget rest ending) is a wake-up time. ``check=True`` evaluates that uncached
+reference beside every round and records each difference in :attr:`ConsolidationGate.mismatches` (tests assert
+there are none; ``benchmarks/gate_check.py`` runs the openb replay so).
 """
 
 from __future__ import annotations
@@ -31,9 +42,8 @@ from dataclasses import dataclass
 
 from gpuscale.controller.config import ControllerConfig
 from gpuscale.core.cron import parse_cron
-from gpuscale.core.disruption import DisruptionReason, classify_node, free_room
+from gpuscale.core.disruption import DisruptionReason, classify_node
 from gpuscale.core.model import Node, NodePool, OfferingKey, Pod
-from gpuscale.core.predicates import static_fit
 from gpuscale.core.resources import Resources
 
 PoolOf = Callable[[str], NodePool | None]
@@ -94,47 +104,6 @@ class Mismatch:
     reference: object
 
 
-class _Targets:
-    """Nodes whose room grew this round (as the gate sees them: schedulable, with their free CPU, memory and GPU over
-    all GPUs, worked out once per round), for :meth:`may_take`."""
-
-    __slots__ = ("_by_node", "_nodes", "_room", "names")
-
-    def __init__(self, names: set[str], nodes: Mapping[str, Node], by_node: Mapping[str, Sequence[Pod]]) -> None:
-        self.names = names
-        self._nodes = nodes
-        self._by_node = by_node
-        self._room: list[tuple[Node, int, int, int]] | None = None
-
-    def may_take(self, movers: Sequence[Pod], own: str) -> bool:
-        """True if any of ``movers`` might fit on any grown node other than ``own`` (an over-estimate: total free
-        GPU, CPU, memory). Room that grew only on nodes none of a node's pods fit leaves the outcome of
-        re-simulating it unchanged."""
-        if not movers or not self.names or (len(self.names) == 1 and own in self.names):
-            return False
-        if self._room is None:
-            nodes = self._nodes
-            self._room = []
-            for t in self.names:
-                n = nodes.get(t)
-                if n is not None and not n.unschedulable:
-                    cpu, mem, gpu, _ = free_room(n, self._by_node.get(t, ()))
-                    self._room.append((n, cpu, mem, gpu))
-        for n, cpu, mem, gpu in self._room:
-            if n.name == own:
-                continue
-            for p in movers:
-                r = p.request
-                if (
-                    r.cpu_milli <= cpu
-                    and r.memory_mib <= mem
-                    and r.gpu_demand_milli <= gpu
-                    and static_fit(p, n.labels, n.taints) is None
-                ):
-                    return True
-        return False
-
-
 class ConsolidationGate:
     """Clocks, caches and skips of the consolidation step (see the module docstring for the invariant)."""
 
@@ -150,6 +119,8 @@ class ConsolidationGate:
         """Candidate node -> its reason at the last look."""
         self.futile: dict[str, tuple[frozenset[str], float]] = {}
         """Resting node -> (its pods when it was kept, when to look again anyway)."""
+        self.timed: dict[str, float] = {}
+        """Resting nodes kept by a disruption budget -> when to look again (a wake-up time: see :meth:`rest`)."""
         self._room: tuple[
             Mapping[str, Sequence[Pod]], Mapping[str, Resources], frozenset[str], frozenset[OfferingKey]
         ] = (
@@ -184,7 +155,7 @@ class ConsolidationGate:
         """When a clock runs out, when a held-back pass may run, and when a resting node is due again (its retry
         time or its pool's next budget window edge, whichever comes first): every time the gate's answer could
         change without the cluster changing."""
-        times: list[float] = [until for _, until in self.futile.values()]
+        times: list[float] = list(self.timed.values())
         for name, t in self.since.items():
             pool = pool_of(name)
             if pool is not None:
@@ -207,10 +178,12 @@ class ConsolidationGate:
         now: float,
         pool_of: PoolOf,
         planned: Mapping[str, str] | None = None,
+        flying: frozenset[str] = frozenset(),
     ) -> list[str]:
         """The candidates due for a pass now: reasons refreshed where something changed, clocks started, resting
         nodes left out (unless what rests them changed). ``planned``: pending pods the pass places on nodes (pod
-        key -> node name; they hold room there and do not count as disrupted for PDBs)."""
+        key -> node name; they hold room there and do not count as disrupted for PDBs); ``flying``: claims of nodes
+        in flight (the pass counts them in its pools' totals for budgets and minNodes)."""
 
         def on_node(name: str) -> frozenset[str]:
             return frozenset(p.key for p in by_node.get(name, ()))
@@ -228,7 +201,7 @@ class ConsolidationGate:
         changed = disrupting != prev_disrupting or unavailable_now != prev_unavailable
         changed = changed or (has_pdbs and bool(pods_moved))
         prev_names, prev_planned, prev_pending = self._seen
-        names = frozenset(nodes)
+        names = frozenset(nodes) | flying
         if planned:  # only a pending pod holds room on the node it is planned onto (as the pass sees it)
             waiting = {p.key for p in pods if p.pending}
             planned = {k: v for k, v in planned.items() if k in waiting}
@@ -244,24 +217,23 @@ class ConsolidationGate:
         if planned != prev_planned:  # a planned pod that left its node (or moved) frees room there
             get = planned.get
             left_some = left_some | {n for k, n in prev_planned.items() if get(k) != n}
-        grown = left_some | room_grew
+        # room appeared somewhere (a pod left, a planned pod stopped holding room, a node joined or grew): every
+        # resting node is looked at again. The pass packs pods best-fit over all nodes, so room on a node none of a
+        # resting node's pods fit can still change its outcome (seen on the openb replay): no finer test is sound.
+        changed = changed or bool(left_some) or bool(room_grew)
         touched = pods_moved | room_grew | (prev_room.keys() - room.keys())
         self._room = (by_node, room, frozenset(disrupting), unavailable_now)
         if self.futile:
-            targets = _Targets(grown, nodes, by_node)
             resting = len(self.futile)
             self.futile = {
                 n: (keys, until)
                 for n, (keys, until) in self.futile.items()
-                if not changed
-                and until > now
-                and n in candidates
-                and keys == on_node(n)
-                # the node's pods are exactly ``keys`` (just checked): those on it
-                and not targets.may_take(by_node.get(n, ()), n)
+                if not changed and until > now and n in candidates and keys == on_node(n)
             }
             if len(self.futile) < resting:  # a rest ended (its retry time, a budget edge, a change): pass again
                 self._signature = None
+            if self.timed:
+                self.timed = {n: t for n, t in self.timed.items() if n in self.futile}
         classes = self._classify(candidates, nodes, touched, by_node, utilization)
         # a node's clock runs from when it became a candidate, whatever its reason since (see docs/controller.md)
         if self.since.keys() != classes.keys():  # (equal keys: the same map again)
@@ -299,14 +271,25 @@ class ConsolidationGate:
         self.last_evaluation = now
         return True
 
-    def rest(self, node_name: str, pod_keys: frozenset[str], now: float, pool_of: PoolOf | None = None) -> None:
+    def rest(
+        self, node_name: str, pod_keys: frozenset[str], now: float, pool_of: PoolOf | None = None, timed: bool = False
+    ) -> None:
         """The pass kept the node for a reason only a cluster change can lift: leave it out until one happens, the
-        retry time passes, or one of its pool's scheduled budgets opens or closes."""
+        retry time passes, or one of its pool's scheduled budgets opens or closes.
+
+        ``timed`` (kept by a disruption budget): that time is a wake-up time. A budget's room depends on the
+        nodes being disrupted as the pass counts them, more than the gate watches, so a quiet cluster must still
+        look again then. Other rests end only through cluster changes, which wake a controller by themselves
+        (their retry time is a safety net taken at the next round, not a wake-up)."""
         until = now + self.config.consolidation_retry_s
         pool = pool_of(node_name) if pool_of is not None else None
         if pool is not None:
             until = min(until, budget_edge(pool, now))
         self.futile[node_name] = (pod_keys, until)
+        if timed:
+            self.timed[node_name] = until
+        else:
+            self.timed.pop(node_name, None)
 
     # ------------------------------------------------------------------------------------------------ reference
     def reference_due(

@@ -31,6 +31,9 @@ from gpuscale.core.reconcile import (
 from gpuscale.errors import NotFound, ProviderError
 from gpuscale.providers.base import CloudNodeState
 
+_FLYING = (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED)
+"""Claim phases whose node may be in flight (a pass counts it as a launching node)."""
+
 
 class ScaleDownSteps(ShellBase):
     """Consolidation, draining, deletion and orphans (part of :class:`~gpuscale.controller.loop.Controller`)."""
@@ -60,6 +63,7 @@ class ScaleDownSteps(ShellBase):
         unavailable_now = frozenset(k for k, t in self.availability.offerings.items() if t > now)
         last_pass = gate.last_pass_at
         planned = self._planned(w)
+        flying = frozenset(k for k, c in self.claims.in_phases(_FLYING) if c.node_name not in w.nodes)
         due = gate.select(
             candidates,
             disrupting,
@@ -72,6 +76,7 @@ class ScaleDownSteps(ShellBase):
             now,
             self._pool_of_node,
             planned,
+            flying,
         )
         reference = None
         if gate.check and now - last_pass >= self.config.disruption_interval_s:
@@ -104,7 +109,8 @@ class ScaleDownSteps(ShellBase):
         gate.since.update(dp.since)
         for kept in dp.kept:
             if kept.reason is not KeepReason.WAITING and kept.node not in protected:
-                gate.rest(kept.node, frozenset(p.key for p in by_node.get(kept.node, ())), now, self._pool_of_node)
+                keys = frozenset(p.key for p in by_node.get(kept.node, ()))
+                gate.rest(kept.node, keys, now, self._pool_of_node, timed=kept.reason is KeepReason.BUDGET)
             if kept.reason is not KeepReason.WAITING:
                 self._report(f"node/{kept.node}", str(kept.reason), EventKind.DISRUPTION_BLOCKED, now, kept.message)
         for action in dp.actions:
