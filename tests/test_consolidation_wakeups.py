@@ -123,3 +123,43 @@ def test_a_kept_node_is_looked_at_again_at_its_retry_time() -> None:
     retry of 30 s lands first each time, so the node goes at the first retry after 600, long before t=3000."""
     _, at = _quiet_run((WINDOW,), retry_s=30.0, until=3500.0)
     assert 600.0 <= at < 640.0
+
+
+def _resting_gate() -> tuple[ConsolidationGate, NodePool, dict[str, Node], Pod]:
+    pool = NodePool("gpu", instance_types=("g1",), capacity_types=(OD,), disruption=Disruption(consolidate_after_s=0))
+    gate = ConsolidationGate({"gpu": pool}, CONFIG)
+    nodes = {n: _node(n) for n in "abc"}
+    pa = _pod("pa", "a")
+    assert gate.select({"a"}, set(), nodes, {"a": [pa]}, [pa], False, {}, frozenset(), 0.0, lambda _: pool) == ["a"]
+    gate.rest("a", frozenset({pa.key}), 0.0)
+    return gate, pool, nodes, pa
+
+
+def test_room_where_none_of_its_pods_fit_still_lifts_a_rest() -> None:
+    """The pass packs best-fit over every node, so room anywhere can change a resting node's outcome (on the openb
+    replay gpu-01376 became replaceable once a small pod left gpu-01436, where none of its pods fit)."""
+    gate, pool, nodes, _ = _resting_gate()
+    pa = replace(_pod("pa", "a"), request=Request(cpu_milli=6000, memory_mib=1024, gpus=0))
+    other, small = (
+        Pod(name, request=Request(cpu_milli=cpu, memory_mib=1024, gpus=0), node_name="b", phase="Running")
+        for name, cpu in (("other", 4500), ("small", 3000))
+    )
+    by_node = {"a": [pa], "b": [other, small]}
+    gate.rest("a", frozenset({pa.key}), 0.0)
+    assert gate.select({"a"}, set(), nodes, by_node, [pa, other, small], False, {}, frozenset(), 5.0,
+                       lambda _: pool) == []  # fmt: skip
+    by_node = {"a": [pa], "b": [other]}  # small left b: 3.5 CPUs free there, pa wants 6
+    assert gate.select({"a"}, set(), nodes, by_node, [pa, other], False, {}, frozenset(), 10.0,
+                       lambda _: pool) == ["a"]  # fmt: skip
+
+
+def test_a_node_in_flight_lifts_a_rest() -> None:
+    """A launching node raises a percentage budget's total (the pass counts nodes in flight)."""
+    gate, pool, nodes, pa = _resting_gate()
+
+    def select(now: float, flying: frozenset[str]) -> list[str]:
+        return gate.select({"a"}, set(), nodes, {"a": [pa]}, [pa], False, {}, frozenset(), now, lambda _: pool,
+                           None, flying)  # fmt: skip
+
+    assert select(5.0, frozenset()) == []
+    assert select(10.0, frozenset({"claim-1"})) == ["a"]
