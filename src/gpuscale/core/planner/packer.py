@@ -23,12 +23,19 @@ EPS = 1e-9
 _RANK = itemgetter(0, 1, 2)
 """Options ranked by price per value, then price, then option index (unique: a total order)."""
 
-_Candidate = tuple[Option, int, tuple[str, str], NodePool, InstanceType, int, float]
-"""An option a class may buy now: (option, its pods per empty node, (pool, type), pool, type, pool weight, price)."""
+_Candidate = tuple[Option, int, tuple[str, str], NodePool, InstanceType, int, float, bool]
+"""An option a class may buy now: (option, its pods per empty node, (pool, type), pool, type, pool weight, price,
+whether the pool has neither maxNodes nor limits: then it always has room)."""
 
 _CANDIDATES: Memo[list[_Candidate]] = Memo(4096)
 """Per (class key, option table): the class's available options, in table order, with what ranking reads of them
 (the same for every plan on that table; the table marks what is unavailable)."""
+
+
+def _unbounded(pool: NodePool) -> bool:
+    """True if the pool has neither maxNodes nor limits (:meth:`Context.headroom` is then never 0)."""
+    lim = pool.limits
+    return pool.max_nodes is None and lim.cpu_milli is None and lim.memory_mib is None and lim.gpus is None
 
 
 class GreedyPacker:
@@ -50,7 +57,7 @@ class GreedyPacker:
     def _candidates(self, cls: PodClass) -> list[_Candidate]:
         def make() -> list[_Candidate]:
             return [
-                (o, solo, (o.pool.name, o.itype.name), o.pool, o.itype, o.pool.weight, o.price)
+                (o, solo, (o.pool.name, o.itype.name), o.pool, o.itype, o.pool.weight, o.price, _unbounded(o.pool))
                 for o, solo in zip(self.choices.feasible(cls), self.choices.solo(cls), strict=True)
                 if o.unavailable_until is None
             ]
@@ -71,8 +78,9 @@ class GreedyPacker:
             remaining[cls.index].append(pod)
         compatible: dict[tuple[int, bool], list[PodClass]] = {}
         for c in order:
+            wants_gpu = c.request.wants_gpu
             for o in self.choices.feasible(c):
-                compatible.setdefault((o.index, c.request.wants_gpu), []).append(c)
+                compatible.setdefault((o.index, wants_gpu), []).append(c)
         left: list[Pod] = []
         for cls in order:
             while remaining[cls.index]:
@@ -109,12 +117,13 @@ class GreedyPacker:
         top_weight: int | None = None
         room: dict[tuple[str, str], int] = {}
         headroom = ctx.headroom
-        for o, solo_max, rk, pool, itype, weight, price in self._candidates(cls):
-            r = room.get(rk)
-            if r is None:
-                r = room[rk] = headroom(pool, itype)
-            if r <= 0:
-                continue
+        for o, solo_max, rk, pool, itype, weight, price, unbounded in self._candidates(cls):
+            if not unbounded:
+                r = room.get(rk)
+                if r is None:
+                    r = room[rk] = headroom(pool, itype)
+                if r <= 0:
+                    continue
             if top_weight is None or weight > top_weight:
                 top_weight, ranked = weight, []
             elif weight < top_weight:
