@@ -16,6 +16,20 @@ _CLASS_OPTIONS: Memo[tuple[list[int], list[int], float]] = Memo(4096)
 its pods fit an empty node of each, and its reference cost (see :meth:`ClassOptions.ref_cost`)."""
 
 
+_Columns = tuple[IntArray, IntArray, IntArray, IntArray, list[str | None]]
+
+_COLUMNS: Memo[_Columns] = Memo(256)
+"""Per option table: its allocatable cpu, memory, GPUs and pods and its GPU models, as columns (read-only)."""
+
+
+def _columns(table: tuple[Option, ...]) -> _Columns:
+    oa = [o.alloc for o in table]
+    cols = [np.array([getattr(a, f) for a in oa], dtype=np.int64) for f in ("cpu_milli", "memory_mib", "gpus", "pods")]
+    for c in cols:
+        c.flags.writeable = False  # shared by every plan on this table
+    return (cols[0], cols[1], cols[2], cols[3], [o.itype.gpu_model for o in table])
+
+
 class ClassOptions:
     """The option table of one planning run and, per class index, the options the class may use (cached)."""
 
@@ -23,12 +37,9 @@ class ClassOptions:
         self._table = table
         self.options = list(table)
         self._opt_groups_cache: dict[tuple[str, ...], list[IntArray]] = {}
-        oa = [o.alloc for o in self.options]
-        self.opt_cpu = np.array([a.cpu_milli for a in oa], dtype=np.int64)
-        self.opt_mem = np.array([a.memory_mib for a in oa], dtype=np.int64)
-        self.opt_gpus = np.array([a.gpus for a in oa], dtype=np.int64)
-        self.opt_pods = np.array([a.pods for a in oa], dtype=np.int64)
-        self.opt_models = [o.itype.gpu_model for o in self.options]
+        self.opt_cpu, self.opt_mem, self.opt_gpus, self.opt_pods, self.opt_models = _COLUMNS.get(
+            lambda: _columns(table), objects=(table,)
+        )
         self._class_opts: dict[int, tuple[list[Option], list[int], float]] = {}
         """Per class index: its feasible options, pods per empty node of each, reference cost."""
 
