@@ -33,6 +33,8 @@ from gpuscale.providers.base import CloudNodeState
 
 _FLYING = (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED)
 """Claim phases whose node may be in flight (a pass counts it as a launching node)."""
+_PLANNING = frozenset((ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED))
+"""Claim phases whose pods are planned onto the claim's node once it is listed."""
 
 
 class ScaleDownSteps(ShellBase):
@@ -82,13 +84,14 @@ class ScaleDownSteps(ShellBase):
         if gate.check and now - last_pass >= self.config.disruption_interval_s:
             ref_due = gate.reference_due(candidates, w.nodes, by_node, w.utilization, now, self._pool_of_node)
             if ref_due:
-                ref = self._disruption_pass(self._disruption_inputs(w), set(ref_due), disrupting, dict(gate.since), w)
+                ref_in = self._disruption_inputs(w, planned)
+                ref = self._disruption_pass(ref_in, set(ref_due), disrupting, dict(gate.since), w)
                 reference = {(a.node, str(a.kind), str(a.reason)) for a in ref.actions}
         dp = None
         protected: frozenset[str] = frozenset()
         if gate.open_pass(due, now):
             candidates = set(due)  # nodes still waiting out consolidateAfter cannot be acted on this round
-            inputs = self._disruption_inputs(w)
+            inputs = self._disruption_inputs(w, planned)
             protected = inputs.protected
             signature = (
                 frozenset((n.name, n.unschedulable, n.allocatable, n.launching) for n in inputs.nodes),
@@ -169,18 +172,21 @@ class ScaleDownSteps(ShellBase):
 
     def _planned(self, w: World) -> dict[str, str]:
         """Pending pods already planned onto existing nodes (pod key -> node name)."""
-        planned = {k: v for k, v in self.scaleup.planned_on_node.items() if v in w.nodes}
+        nodes = w.nodes
+        planned = {k: v for k, v in self.scaleup.planned_on_node.items() if v in nodes}
         for c in self.claims.values():
-            if c.node_name in w.nodes and c.phase in (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED):
-                planned.update((k, c.node_name) for k in c.pods if k not in planned)
+            if c.phase in _PLANNING and (name := c.node_name) in nodes:
+                for k in c.pods:
+                    if k not in planned:
+                        planned[k] = name
         return planned
 
-    def _disruption_inputs(self, w: World) -> DisruptionInputs:
+    def _disruption_inputs(self, w: World, planned: Mapping[str, str]) -> DisruptionInputs:
         """Pods (pending ones already planned onto existing nodes hold their room there and protect those nodes),
-        nodes (with nodes in flight), and the unavailable offerings, as a pass sees them."""
+        nodes (with nodes in flight), and the unavailable offerings, as a pass sees them. ``planned``: the round's
+        :meth:`_planned` (computed once per round; nothing in the consolidation step changes it)."""
         pods = list(w.pods)
         protected: frozenset[str] = frozenset()
-        planned = self._planned(w)
         if planned:
             protected = frozenset(planned.values())
             pods = [replace(p, node_name=planned[p.key]) if p.pending and p.key in planned else p for p in pods]
