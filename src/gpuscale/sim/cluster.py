@@ -51,7 +51,6 @@ from gpuscale.sim.cloud import InFlightNode
 from gpuscale.sim.cluster_records import ClusterBehaviour as ClusterBehaviour
 from gpuscale.sim.cluster_records import ClusterCounters as ClusterCounters
 from gpuscale.sim.cluster_records import (
-    FitCursor,
     NodeTemplate,
     SimNode,
     SimPod,
@@ -59,6 +58,7 @@ from gpuscale.sim.cluster_records import (
     ffd_key,
 )
 from gpuscale.sim.engine import Engine, Timer, stream
+from gpuscale.sim.firstfit import first_fit
 
 
 class SimCluster:
@@ -698,46 +698,16 @@ class SimCluster:
         taken: list[tuple[Request, Placement]],
     ) -> bool:
         """Place ``todo`` in order, each on the first row with room; placements on the live state go to ``taken``."""
-        st = self._state
-        extra: ClusterState | None = None
-        tpls: list[NodeTemplate] = []
-        cursors: dict[tuple[object, ...], FitCursor] = {}
-        for sp in todo:
-            req = sp.pod.request
-            key = (req, sp.sig)
-            cur = cursors.get(key)
-            if cur is None:
-                ok = st.fits(req) & self._mask(sp.sig, sp.pod)
-                if usable is not None:
-                    ok &= usable
-                cur = cursors[key] = FitCursor(np.flatnonzero(ok))
-            live = cur.live
-            while cur.live_at < live.size and not st.fits_one(req, int(live[cur.live_at])):
-                cur.live_at += 1
-            if cur.live_at < live.size:
-                taken.append((req, st.place(req, int(live[cur.live_at]))))
-                continue
-            if not in_flight:
-                return False
-            if extra is None:
-                tpls = self._in_flight_templates(in_flight)
-                shapes = [NodeShape(f"_flight{i}", t.allocatable, t.gpu_model) for i, t in enumerate(tpls)]
-                extra = ClusterState(shapes, max_gpus=self._gmax)
-            if cur.extra is None:
-                pod = sp.pod
-                static = np.fromiter(
-                    (static_fit(pod, t.labels, t.taints, False, self._gpr_workloads) is None for t in tpls),
-                    bool,
-                    len(tpls),
-                )
-                cur.extra = np.flatnonzero(extra.fits(req) & static)
-            rows = cur.extra
-            while cur.extra_at < rows.size and not extra.fits_one(req, int(rows[cur.extra_at])):
-                cur.extra_at += 1
-            if cur.extra_at >= rows.size:
-                return False
-            extra.place(req, int(rows[cur.extra_at]))
-        return True
+        return first_fit(
+            self._state,
+            todo,
+            self._mask,
+            (lambda: self._in_flight_templates(in_flight)) if in_flight else None,
+            usable,
+            taken,
+            self._gpr_workloads,
+            self._gmax,
+        )
 
     def _in_flight_templates(self, in_flight: Collection[InFlightNode]) -> list[NodeTemplate]:
         cache = self._templates

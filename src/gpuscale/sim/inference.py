@@ -33,7 +33,7 @@ from gpuscale.sim.engine import stream
 from gpuscale.sim.workloads import PodShape
 
 if TYPE_CHECKING:
-    from gpuscale.sim.scenario import _V
+    from gpuscale.sim.scenario_fields import FieldReader as _V
 
 INFERENCE_FIELDS = ("scalers", "step", "models")
 MODEL_FIELDS = (

@@ -69,7 +69,9 @@ from gpuscale.manifests.problems import did_you_mean
 from gpuscale.resources import example
 from gpuscale.sim.cloud import CloudBehaviour
 from gpuscale.sim.engine import Dist, stream
-from gpuscale.sim.scenario import _V, MAX_ARRIVALS, _catalog, _cloud, load_yaml_lines
+from gpuscale.sim.scenario import MAX_ARRIVALS, _catalog, _cloud
+from gpuscale.sim.scenario_fields import FieldReader as _V
+from gpuscale.sim.scenario_fields import load_yaml_lines
 
 DEFAULT_SCENARIO = example("gpr-scenario.yaml")
 """The shipped scenario (``gpuscale/examples/gpr-scenario.yaml``, read through :mod:`gpuscale.resources`)."""
