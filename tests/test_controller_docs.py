@@ -34,6 +34,7 @@ from gpuscale.core.nodeclaim import (
 from gpuscale.errors import InputError
 from gpuscale.manifests.quantity import parse_duration
 from gpuscale.sim import scenario as sc
+from gpuscale.sim import scenario_fields as sf
 from gpuscale.sim.commands import COMPARE_KEYS
 from gpuscale.sim.engine import Dist
 from gpuscale.sim.policies import POLICIES, factory_for
@@ -176,11 +177,11 @@ def test_every_scenario_key_is_documented() -> None:
     _exactly(SIMULATOR, "fault-keys", set(sc.FAULT_FIELDS))
     _exactly(SIMULATOR, "cluster-keys", set(sc.CLUSTER_FIELDS))
     _exactly(SIMULATOR, "shape-keys", set(sc.SHAPE_FIELDS))
-    _exactly(SIMULATOR, "distributions", set(sc.DIST_KINDS))
+    _exactly(SIMULATOR, "distributions", set(sf.DIST_KINDS))
     text = SIMULATOR.read_text(encoding="utf-8")
     for key in (*sc.TYPE_LATENCY_FIELDS, *sc.UTIL_FIELDS, *sc.PDB_FIELDS):
         assert f"`{key}`" in text or f"{key}:" in text, key
-    for kind, params in sc.DIST_KINDS.items():
+    for kind, params in sf.DIST_KINDS.items():
         row = next(r for r in _rows(SIMULATOR, "distributions") if r[0] == f"`{kind}`")
         assert set(TICKED.findall(row[1])) == set(params), kind
 
