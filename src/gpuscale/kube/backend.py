@@ -15,7 +15,7 @@ nominated to a node that exists is counted on that node (so a node in flight is 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -189,30 +189,13 @@ class KubeBackend:
 
     # ------------------------------------------------------------------ writes
     def cordon(self, node_name: str) -> None:
-        for attempt in range(2):
-            obj = self.cache.get("nodes", node_name) if attempt == 0 else self._fetch_node(node_name)
-            if obj is None:
-                return
+        def patch(obj: Obj) -> Obj:
             taints = list((obj.get("spec") or {}).get("taints") or [])
             if not any(t.get("key") == DISRUPTED_TAINT for t in taints):
                 taints.append({"key": DISRUPTED_TAINT, "effect": "NoSchedule"})
-            patch = {
-                "metadata": {"resourceVersion": obj["metadata"].get("resourceVersion")},
-                "spec": {"unschedulable": True, "taints": taints},
-            }
-            try:
-                self.client.run(
-                    self.client.api.patch(KNode, node_name, patch, patch_type=PatchType.MERGE),
-                    verb="patch",
-                    resource="nodes",
-                )
-                return
-            except KubeError as exc:
-                if exc.status == 404:
-                    return
-                if exc.status != 409 or attempt == 1:
-                    log.warning("cordon %s: %s", node_name, exc.describe())
-                    return
+            return {"spec": {"unschedulable": True, "taints": taints}}
+
+        self._patch_node(node_name, "cordon", patch)
 
     def update_node(
         self,
@@ -223,18 +206,25 @@ class KubeBackend:
     ) -> None:
         """Merge-patch the Node's labels (None removes one) and its taints (those keyed in ``untaint`` removed,
         ``taints`` added), guarded by its resourceVersion; a conflict is retried once on a fresh read."""
-        for attempt in range(2):
-            obj = self.cache.get("nodes", node_name) if attempt == 0 else self._fetch_node(node_name)
-            if obj is None:
-                return
+
+        def patch(obj: Obj) -> Obj:
             current = [t for t in (obj.get("spec") or {}).get("taints") or [] if t.get("key") not in untaint]
             for t in taints:
                 if not any(c.get("key") == t.key and c.get("effect") == str(t.effect) for c in current):
                     current.append({"key": t.key, "effect": str(t.effect), **({"value": t.value} if t.value else {})})
-            patch = {
-                "metadata": {"resourceVersion": obj["metadata"].get("resourceVersion"), "labels": dict(labels)},
-                "spec": {"taints": current},
-            }
+            return {"metadata": {"labels": dict(labels)}, "spec": {"taints": current}}
+
+        self._patch_node(node_name, "update node", patch)
+
+    def _patch_node(self, node_name: str, what: str, build: Callable[[Obj], Obj]) -> None:
+        """Merge-patch a Node with ``build(node)`` guarded by its resourceVersion: the cached object first, and on a
+        conflict once more on a fresh read; a Node that is gone is left alone, other failures are logged."""
+        for attempt in range(2):
+            obj = self.cache.get("nodes", node_name) if attempt == 0 else self._fetch_node(node_name)
+            if obj is None:
+                return
+            patch = build(obj)
+            patch["metadata"] = {**patch.get("metadata", {}), "resourceVersion": obj["metadata"].get("resourceVersion")}
             try:
                 self.client.run(
                     self.client.api.patch(KNode, node_name, patch, patch_type=PatchType.MERGE),
@@ -246,7 +236,7 @@ class KubeBackend:
                 if exc.status == 404:
                     return
                 if exc.status != 409 or attempt == 1:
-                    log.warning("update node %s: %s", node_name, exc.describe())
+                    log.warning("%s %s: %s", what, node_name, exc.describe())
                     return
 
     def _fetch_node(self, name: str) -> Obj | None:
