@@ -117,6 +117,9 @@ class EventRecorder:
         """Events not written because their object exceeded its rate."""
         self.pending: list[Any] = []
         self._gate: asyncio.Semaphore | None = None
+        self._last: dict[str, Any] = {}
+        """Event name -> its last write (the next write of that Event waits for it while it is in flight); one
+        entry per Event, as in ``_seen``."""
 
     def record(self, event: Event) -> None:
         mapped = kube_reason(event)
@@ -176,7 +179,7 @@ class EventRecorder:
             seen.count += 1
             patch = {"count": seen.count, "lastTimestamp": now}
             coro = self.client.api.patch(KEvent, seen.name, patch, namespace=seen.namespace, patch_type=PatchType.MERGE)
-            self._spawn(coro, "patch")
+            self._spawn(coro, "patch", seen.name)
             return
         digest = hashlib.sha256(repr(key).encode()).hexdigest()[:10]
         ev_name = f"{name}.{digest}"
@@ -204,16 +207,21 @@ class EventRecorder:
                 "reportingInstance": COMPONENT,
             }
         )
-        self._spawn(self.client.api.create(body, namespace=namespace), "create")
+        self._spawn(self.client.api.create(body, namespace=namespace), "create", ev_name)
 
-    async def _gated(self, coro: Any) -> Any:
+    async def _gated(self, coro: Any, after: Any) -> Any:
+        if after is not None:  # the previous write of the same Event lands first (a count never goes back)
+            with contextlib.suppress(Exception):  # its failure is logged by its own callback
+                await asyncio.wrap_future(after)
         if self._gate is None:  # made on the client's loop, where it is used
             self._gate = asyncio.Semaphore(EVENT_WRITES)
         async with self._gate:
             return await coro
 
-    def _spawn(self, coro: Any, verb: str) -> None:
-        fut = self.client.spawn(self._gated(coro))
+    def _spawn(self, coro: Any, verb: str, name: str) -> None:
+        """Write on the client's loop, at most EVENT_WRITES at a time, each Event's writes in the order made."""
+        prev = self._last.get(name)
+        fut = self.client.spawn(self._gated(coro, prev if prev is not None and not prev.done() else None))
 
         def done(f: Any) -> None:
             if f.cancelled():
@@ -222,6 +230,7 @@ class EventRecorder:
             if exc is not None:
                 log.info("event not written: %s", as_kube_error(exc, verb, "events").describe())
 
+        self._last[name] = fut
         fut.add_done_callback(done)
         self.pending = [p for p in self.pending if not p.done()] + [fut]
 
