@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpuscale.controller import policyopts
+from gpuscale.controller import policyopts, repackopts
+from gpuscale.core.disruption.repack import PodAgeRule, RepackRule
 from gpuscale.core.disruption.workcost import WorkCostRule
 from gpuscale.core.headroom import HeadroomSpec
 from gpuscale.core.nodeclaim import DEFAULT_DEADLINES, Deadlines
@@ -68,6 +69,10 @@ class ControllerConfig:
     """Keep underutilised nodes whose eviction loses more work than it saves (``evictionCost``; None: off)."""
     headroom: Mapping[str, HeadroomSpec] = field(default_factory=dict)
     """Predictive warm headroom per pool (``headroom``; empty: off)."""
+    evict_max_pod_age: PodAgeRule | None = None
+    """Underutilized consolidations never evict a pod bound longer (``evictMaxPodAge``; None: off)."""
+    repack: RepackRule | None = None
+    """Nodes in flight take the young pods of underutilised nodes (``repack``; None: off)."""
 
     def deadlines_for(self, pool: str) -> Deadlines:
         """The deadlines of ``pool``."""
@@ -140,6 +145,10 @@ class ControllerConfig:
                 kw["eviction_cost"] = policyopts.eviction_cost(value, path)
             elif key == "headroom":
                 kw["headroom"] = policyopts.headroom(value, path)
+            elif key == "evictMaxPodAge":
+                kw["evict_max_pod_age"] = repackopts.evict_max_pod_age(value, path)
+            elif key == "repack":
+                kw["repack"] = repackopts.repack(value, path)
             elif key == "poolDeadlines":
                 if not isinstance(value, Mapping):
                     raise InputError("must map pool names to deadlines", where=path, value=value)
@@ -154,6 +163,8 @@ class ControllerConfig:
                     "poolDeadlines",
                     "evictionCost",
                     "headroom",
+                    "evictMaxPodAge",
+                    "repack",
                     "name",
                     "settle",
                     "reconcileInterval",

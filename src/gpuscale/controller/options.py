@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpuscale.controller import repacking
 from gpuscale.controller.loop import Controller, ControllerConfig
 from gpuscale.controller.shell import DisruptionInputs, ReconcileResult, World
 from gpuscale.core.disruption import DisruptionPlan, pool_offerings
@@ -101,7 +102,7 @@ class OptionsController(Controller):
         return t
 
     def _consolidate(self, w: World, result: ReconcileResult) -> None:
-        if self.config.eviction_cost is not None:
+        if self.config.eviction_cost is not None or repacking.uses_ages(self):
             self._observe_ages(w)
         if self.config.headroom:
             self._keep_headroom(w, result)
@@ -122,6 +123,9 @@ class OptionsController(Controller):
         if rule is not None and dp.actions:
             started = {k: t for k, (_, t) in self.bound_since.items()}
             dp = weigh_actions(dp, inputs.nodes, inputs.pods, started, self.catalog, rule, w.now)
+        if repacking.uses_ages(self):
+            started = {k: t for k, (_, t) in self.bound_since.items()}
+            dp = repacking.apply_rules(self, dp, inputs, candidates, disrupting, since, w, started)
         return dp
 
     # ------------------------------------------------------------------------------------------------ ages
@@ -249,7 +253,7 @@ def options_controller(*, config: ControllerConfig | Mapping[str, Any] | None = 
     ``headroom`` is set, else the plain :class:`~gpuscale.controller.loop.Controller`, exactly as
     :func:`~gpuscale.controller.loop.make_controller` builds it."""
     cfg = config if isinstance(config, ControllerConfig) else ControllerConfig.from_policy(config)
-    if cfg.eviction_cost is None and not cfg.headroom:
+    if cfg.eviction_cost is None and not cfg.headroom and not repacking.uses_config(cfg):
         from gpuscale.controller.loop import make_controller
 
         return make_controller(config=cfg, **kw)

@@ -1,0 +1,110 @@
+"""The controller side of ``evictMaxPodAge`` and ``repack`` (:mod:`gpuscale.core.disruption.repack`): applied by
+:class:`~gpuscale.controller.options.OptionsController` to each consolidation pass's plan.
+
+* ``evictMaxPodAge``: the pass's Underutilized actions that would evict a pod bound for longer are dropped.
+* ``repack``: when the ordinary pass decided nothing and nodes are being launched for pending pods (not as
+  replacements), a second pass over the young underutilised candidates (every pod bound at most ``maxPodAge``)
+  counts the room those nodes will have left after the pods they were launched for; its deletions are carried out.
+
+Pod ages are the controller's first-bound times (``OptionsController.bound_since``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from gpuscale.controller.config import ControllerConfig
+from gpuscale.controller.shell import DisruptionInputs, World
+from gpuscale.core.disruption import DisruptionPlan, plan_disruption
+from gpuscale.core.disruption.repack import (
+    InFlight,
+    RepackRule,
+    hold_old_pods,
+    repack_deletions,
+    repack_inputs,
+    young_nodes,
+)
+from gpuscale.core.nodeclaim import IN_FLIGHT
+
+if TYPE_CHECKING:
+    from gpuscale.controller.loop import Controller
+
+
+def uses_config(cfg: ControllerConfig) -> bool:
+    """True if ``evictMaxPodAge`` or ``repack`` is on."""
+    return cfg.evict_max_pod_age is not None or cfg.repack is not None
+
+
+def uses_ages(ctrl: Controller) -> bool:
+    """True if one of these rules needs the pods' first-bound times."""
+    return uses_config(ctrl.config)
+
+
+def apply_rules(
+    ctrl: Controller,
+    dp: DisruptionPlan,
+    inputs: DisruptionInputs,
+    candidates: set[str],
+    disrupting: set[str],
+    since: Mapping[str, float],
+    w: World,
+    started: Mapping[str, float],
+) -> DisruptionPlan:
+    """``dp`` after ``evictMaxPodAge`` and ``repack`` (each a no-op when off)."""
+    cfg = ctrl.config
+    if cfg.evict_max_pod_age is not None and dp.actions:
+        dp = hold_old_pods(dp, started, cfg.evict_max_pod_age, w.now)
+    if cfg.repack is not None and not dp.actions:
+        dp = _repack(ctrl, cfg.repack, dp, inputs, candidates, disrupting, since, w, started)
+    return dp
+
+
+def in_flight(ctrl: Controller) -> dict[str, InFlight]:
+    """Nodes launched for pending pods and not yet ready, by the node name a pass gives them."""
+    out: dict[str, InFlight] = {}
+    for key, c in ctrl.claims.items():
+        if c.phase in IN_FLIGHT and not c.replaces and c.expected.gpus > 0:
+            out[c.node_name or f"nodeclaim-{key}"] = InFlight(c.expected, tuple(c.pods))
+    return out
+
+
+def _repack(
+    ctrl: Controller,
+    rule: RepackRule,
+    dp: DisruptionPlan,
+    inputs: DisruptionInputs,
+    candidates: set[str],
+    disrupting: set[str],
+    since: Mapping[str, float],
+    w: World,
+    started: Mapping[str, float],
+) -> DisruptionPlan:
+    flight = in_flight(ctrl)
+    if not flight or not candidates:
+        return dp
+    young = young_nodes(candidates, w.by_node(), started, rule, w.now)
+    if not young:
+        return dp
+    nodes, pods = repack_inputs(inputs.nodes, inputs.pods, flight)
+    second = plan_disruption(
+        nodes,
+        pods,
+        list(ctrl.pools.values()),
+        ctrl.catalog,
+        w.now,
+        since=since,
+        candidates=young,
+        disrupting=disrupting,
+        protected=set(inputs.protected),
+        pdbs=w.pdbs,
+        utilization=w.utilization,
+        unavailable=inputs.unavailable,
+        allow_replace=False,
+        workloads=ctrl.gpr.workloads or None,
+    )
+    deletions = repack_deletions(second, young)
+    if not deletions:
+        return dp
+    gone = {a.node for a in deletions}
+    return DisruptionPlan(deletions, tuple(k for k in dp.kept if k.node not in gone), dp.since)

@@ -1,0 +1,244 @@
+"""``evictMaxPodAge`` and ``repack`` (gpuscale.core.disruption.repack): old pods held, young nodes found, nodes in
+flight offered as destinations with the room their own pods take, and the settings' validation."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from builders import catalog, itype, node, pod
+from gpuscale.controller.config import ControllerConfig
+from gpuscale.core.disruption import (
+    ActionKind,
+    DisruptionAction,
+    DisruptionPlan,
+    DisruptionReason,
+    KeepReason,
+    Kept,
+    plan_disruption,
+)
+from gpuscale.core.disruption.repack import (
+    InFlight,
+    PodAgeRule,
+    RepackRule,
+    hold_old_pods,
+    oldest,
+    repack_deletions,
+    repack_inputs,
+    young_nodes,
+)
+from gpuscale.core.model import Catalog, ConsolidationPolicy, Disruption, NodePool
+from gpuscale.core.resources import Resources
+from gpuscale.errors import InputError
+from gpuscale.sim.commands import simulate_policy
+from gpuscale.sim.scenario import parse_scenario
+
+H = 3600.0
+
+
+def _act(node_name: str, reason: DisruptionReason, pods: tuple[str, ...], kind: ActionKind = ActionKind.DELETE):
+    return DisruptionAction(kind, node_name, "gpu", reason, "m", pods, (), 1.0)
+
+
+# ------------------------------------------------------------------------------------------------ old pods
+def test_oldest_is_the_longest_bound_pod_with_a_known_age() -> None:
+    started = {"a": 100.0, "b": 50.0}
+    assert oldest(("a", "b", "c"), started, 1000.0) == ("b", 950.0)
+    assert oldest(("c",), started, 1000.0) is None
+    assert oldest((), started, 1000.0) is None
+
+
+@pytest.mark.parametrize(
+    ("reason", "ages_h", "held"),
+    [
+        (DisruptionReason.UNDERUTILIZED, (0.5, 7.0), True),  # one pod older than 6 h: held
+        (DisruptionReason.UNDERUTILIZED, (0.5, 5.9), False),  # all younger: goes ahead
+        (DisruptionReason.UNDERUTILIZED, (6.0,), False),  # exactly the limit: goes ahead
+        (DisruptionReason.UNDERUTILIZED, (None,), False),  # age unknown: counted young
+        (DisruptionReason.DRIFTED, (30.0,), False),  # drift must go whatever the age
+        (DisruptionReason.EMPTY, (), False),
+    ],
+)
+def test_hold_old_pods_keeps_underutilized_nodes_running_an_old_pod(
+    reason: DisruptionReason, ages_h: tuple[float | None, ...], held: bool
+) -> None:
+    now = 100 * H
+    keys = tuple(f"ns/p{i}" for i in range(len(ages_h)))
+    started = {k: now - a * H for k, a in zip(keys, ages_h, strict=True) if a is not None}
+    other = _act("n2", DisruptionReason.UNDERUTILIZED, ("ns/young",))
+    plan = DisruptionPlan((_act("n1", reason, keys), other), (), {"n1": 0.0})
+    out = hold_old_pods(plan, {**started, "ns/young": now - 60}, PodAgeRule(6 * H), now)
+    if not held:
+        assert out is plan
+        return
+    assert out.actions == (other,) and out.since == plan.since
+    (k,) = out.kept
+    assert k.node == "n1" and k.reason is KeepReason.WORK_LOST and k.candidate is reason
+    assert "ns/p1" in k.message and "7.00 h" in k.message
+
+
+# ------------------------------------------------------------------------------------------------ young nodes
+def test_young_nodes_need_every_workload_pod_bound_recently() -> None:
+    now = 10 * H
+    by_node = {
+        "young": [pod("a", gpus=1, node="young"), pod("b", gpus=1, node="young")],
+        "mixed": [pod("c", gpus=1, node="mixed"), pod("d", gpus=1, node="mixed")],
+        "unknown": [pod("e", gpus=1, node="unknown")],
+        "empty": [],
+    }
+    started = {"default/a": now - 60, "default/b": now - 1700, "default/c": now - 60, "default/d": now - 2 * H}
+    got = young_nodes(("young", "mixed", "unknown", "empty", "absent"), by_node, started, RepackRule(1800.0), now)
+    assert got == {"young"}
+    assert young_nodes(("young",), by_node, started, RepackRule(600.0), now) == set()
+
+
+# ------------------------------------------------------------------------------------------------ in-flight room
+def test_repack_inputs_make_nodes_in_flight_destinations_holding_their_own_pods() -> None:
+    ready = node("ready", 8000, 32768, 1, "T4")
+    flying = node("flying", 8000, 32768, 4, "T4", launching=True)
+    registered = replace(node("registered", 8000, 32768, 0, "T4"))  # GPUs not allocatable yet
+    other = node("other", 8000, 32768, 4, "T4", launching=True)  # a replacement: not offered
+    waiting = pod("w", gpus=2)  # pending, launched for on "flying"
+    bound_elsewhere = pod("x", gpus=1, node="ready")  # was launched for on "flying", then bound to "ready"
+    flight = {
+        "flying": InFlight(Resources(8000, 32768, 4), ("default/w", "default/x")),
+        "registered": InFlight(Resources(8000, 32768, 2), ()),
+    }
+    nodes, pods = repack_inputs([ready, flying, registered, other], [waiting, bound_elsewhere], flight)
+    by = {n.name: n for n in nodes}
+    assert not by["flying"].launching and by["flying"].allocatable.gpus == 4
+    assert by["registered"].allocatable.gpus == 2 and by["other"].launching and by["ready"] is ready
+    got = {p.key: p.node_name for p in pods}
+    assert got == {"default/w": "flying", "default/x": "ready"}
+    assert repack_inputs([ready], [waiting], {}) == ([ready], [waiting])
+
+
+def _pool() -> NodePool:
+    d = Disruption(consolidation_policy=ConsolidationPolicy.WHEN_EMPTY_OR_UNDERUTILIZED, consolidate_after_s=0.0)
+    return NodePool(name="gpu", disruption=d)
+
+
+def test_a_young_underutilized_node_goes_onto_the_room_a_node_in_flight_has_left() -> None:
+    # "frag": a 4-GPU node running one young 1-GPU pod (25 %), nowhere else to go but the node in flight, which
+    # was launched for a pending 2-GPU pod and has 2 GPUs left.
+    frag = replace(node("frag", 16000, 65536, 4, "T4", pool="gpu"), hourly_cost=4.0)
+    flying = replace(node("flying", 16000, 65536, 4, "T4", pool="gpu", launching=True), hourly_cost=4.0)
+    moved = pod("m", gpus=1, node="frag")
+    waiting = pod("w", gpus=2)
+    pools, cat = [_pool()], Catalog("none", ())
+    args = {"since": {"frag": 0.0}, "candidates": {"frag"}}
+    plain = plan_disruption([frag, flying], [moved, waiting], pools, cat, 100.0, **args)
+    assert plain.actions == ()  # without repack the node in flight is no destination
+    flight = {"flying": InFlight(Resources(16000, 65536, 4), ("default/w",))}
+    nodes, pods = repack_inputs([frag, flying], [moved, waiting], flight)
+    second = plan_disruption(nodes, pods, pools, cat, 100.0, allow_replace=False, **args)
+    assert [(a.node, a.kind) for a in second.actions] == [("frag", ActionKind.DELETE)]
+    assert repack_deletions(second, {"frag"}) == second.actions
+    assert repack_deletions(second, set()) == ()  # only the young nodes' deletions are carried out
+    # a pending pod that takes the whole node in flight leaves no room: nothing moves
+    big = pod("w", gpus=4)
+    nodes, pods = repack_inputs([frag, flying], [moved, big], flight)
+    assert plan_disruption(nodes, pods, pools, cat, 100.0, allow_replace=False, **args).actions == ()
+
+
+def test_repack_deletions_are_underutilized_deletes_only() -> None:
+    plan = DisruptionPlan(
+        (
+            _act("a", DisruptionReason.UNDERUTILIZED, ("p",)),
+            _act("b", DisruptionReason.EMPTY, ()),
+            _act("c", DisruptionReason.UNDERUTILIZED, ("q",), ActionKind.REPLACE),
+        ),
+        (Kept("d", "gpu", KeepReason.BUDGET, "m", DisruptionReason.UNDERUTILIZED),),
+        {},
+    )
+    assert [a.node for a in repack_deletions(plan, {"a", "b", "c"})] == ["a"]
+
+
+# ------------------------------------------------------------------------------------------------ settings
+def test_settings_parse_and_default_off() -> None:
+    cfg = ControllerConfig.from_policy({})
+    assert cfg.evict_max_pod_age is None and cfg.repack is None
+    cfg = ControllerConfig.from_policy({"evictMaxPodAge": "6h", "repack": {"maxPodAge": "10m"}})
+    assert cfg.evict_max_pod_age == PodAgeRule(6 * H) and cfg.repack == RepackRule(600.0)
+    assert ControllerConfig.from_policy({"repack": True}).repack == RepackRule(1800.0)
+    assert ControllerConfig.from_policy({"repack": {}}).repack == RepackRule()
+    off = ControllerConfig.from_policy({"repack": False, "evictMaxPodAge": None})
+    assert off.repack is None and off.evict_max_pod_age is None
+
+
+@pytest.mark.parametrize(
+    ("policy", "where", "words"),
+    [
+        ({"evictMaxPodAge": "soon"}, "policy.evictMaxPodAge", "not a duration"),
+        ({"evictMaxPodAge": 0}, "policy.evictMaxPodAge", "positive"),
+        ({"evictMaxPodAge": True}, "policy.evictMaxPodAge", "duration"),
+        ({"repack": "yes"}, "policy.repack", "true, false or a mapping"),
+        ({"repack": {"age": "1h"}}, "policy.repack.age", "unknown repack setting"),
+        ({"repack": {"maxPodAge": "0s"}}, "policy.repack.maxPodAge", "positive"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(policy: dict[str, object], where: str, words: str) -> None:
+    with pytest.raises(InputError) as err:
+        ControllerConfig.from_policy(policy)
+    assert where in str(err.value) and words in str(err.value) and "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------------ simulator
+SIM_CAT = catalog(itype("gpu-1", 8, 32, 1, "T4", price=0.6), itype("gpu-4", 32, 128, 4, "T4", price=1.6))
+SIM = """
+name: repack
+seed: 1
+duration: 6h
+catalog: x
+pools:
+  - name: gpu
+    disruption: {{consolidationPolicy: WhenEmptyOrUnderutilized, consolidateAfter: 1m}}
+cloud:
+  launchLatency: 60s
+  registrationLatency: 60s
+  devicePluginDelay: 120s
+workload:
+  - source: burst
+    prefix: small
+    count: 1
+    at: 0s
+    runtime: 5h
+    shape: {{cpu: 2, memory: 4Gi, gpuMilli: 400}}
+  - source: burst
+    prefix: big
+    count: 3
+    at: 20m
+    runtime: 5h
+    shape: {{cpu: 2, memory: 4Gi, gpus: 1}}
+policy: {{name: gpuscale{extra}}}
+"""
+
+
+def _sim(extra: str) -> tuple[float, float, float]:
+    """(cost, when the small pod's node was consolidated, when the 4-GPU node's GPUs were ready)."""
+    sc = parse_scenario(SIM.format(extra=extra), source="r.yaml", catalog=SIM_CAT)
+    res = simulate_policy(sc, "gpuscale")
+    events = res.cluster.events
+    gone = [e.at for e in events if e.kind == "Consolidate" and e.reason == "Underutilized"]
+    ready = [e.at for e in events if e.kind == "GpusReady" and e.object == "node/gpu-00002"]
+    assert res.report["duplicateLaunches"] == 0 and len(ready) == 1
+    return res.report["costUsd"], gone[0] if gone else float("inf"), ready[0]
+
+
+def test_repack_lets_a_young_fragment_go_while_the_new_node_is_still_launching() -> None:
+    # A 0.4-GPU pod runs alone on a 1-GPU node (40 %: underutilised, but it fits nowhere else). 20 minutes later
+    # three 1-GPU pods launch a 4-GPU node with a GPU to spare. By default the small node goes once that node is up;
+    # with repack it goes while the node is in flight, and the run is cheaper.
+    cost, gone, ready = _sim("")
+    assert gone >= ready
+    r_cost, r_gone, r_ready = _sim(", repack: {maxPodAge: 1h}")
+    assert r_gone < r_ready and r_cost < cost
+    # the small pod has run 20 minutes: older than maxPodAge, it waits for the node to be up as by default
+    assert _sim(", repack: {maxPodAge: 10m}")[1] >= ready
+
+
+def test_evict_max_pod_age_keeps_the_node_of_an_old_pod() -> None:
+    _, gone, _ = _sim(", evictMaxPodAge: 10m")  # the small pod is 20 minutes old when the room appears
+    assert gone == float("inf")
+    assert _sim(", evictMaxPodAge: 1h")[1] < float("inf")
