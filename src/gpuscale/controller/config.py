@@ -10,6 +10,7 @@ from typing import Any
 from gpuscale.controller import policyopts, repackopts
 from gpuscale.core.disruption.repack import PodAgeRule, RepackRule
 from gpuscale.core.disruption.workcost import WorkCostRule
+from gpuscale.core.emptywait import EmptyWaitSpec
 from gpuscale.core.headroom import HeadroomSpec
 from gpuscale.core.nodeclaim import DEFAULT_DEADLINES, Deadlines
 from gpuscale.core.plan import PlannerConfig
@@ -73,6 +74,8 @@ class ControllerConfig:
     """Underutilized consolidations never evict a pod bound longer (``evictMaxPodAge``; None: off)."""
     repack: RepackRule | None = None
     """Nodes in flight take the young pods of underutilised nodes (``repack``; None: off)."""
+    empty_wait: EmptyWaitSpec | None = None
+    """Per-node empty wait from price and fitting arrivals (``emptyWait``; None: off)."""
 
     def deadlines_for(self, pool: str) -> Deadlines:
         """The deadlines of ``pool``."""
@@ -149,6 +152,8 @@ class ControllerConfig:
                 kw["evict_max_pod_age"] = repackopts.evict_max_pod_age(value, path)
             elif key == "repack":
                 kw["repack"] = repackopts.repack(value, path)
+            elif key == "emptyWait":
+                kw["empty_wait"] = policyopts.empty_wait(value, path)
             elif key == "poolDeadlines":
                 if not isinstance(value, Mapping):
                     raise InputError("must map pool names to deadlines", where=path, value=value)
@@ -163,6 +168,7 @@ class ControllerConfig:
                     "poolDeadlines",
                     "evictionCost",
                     "headroom",
+                    "emptyWait",
                     "evictMaxPodAge",
                     "repack",
                     "name",

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuscale.controller import repacking
+from gpuscale.controller.emptykeep import EmptyWaits
 from gpuscale.controller.loop import Controller, ControllerConfig
 from gpuscale.controller.shell import DisruptionInputs, ReconcileResult, World
 from gpuscale.core.disruption import DisruptionPlan, pool_offerings
@@ -37,12 +38,15 @@ from gpuscale.core.headroom import (
     pick_offer,
     size_headroom,
 )
+from gpuscale.core.model import NodePool
 from gpuscale.core.nodeclaim import IN_FLIGHT, ClaimPhase
 from gpuscale.core.reconcile import EventKind, Outcome
 from gpuscale.core.resources import MILLI_PER_GPU
 
 HEADROOM_REASON = "Headroom"
 """The launch reason (and claim reason) of a warm node."""
+EMPTY_WAIT_REASON = "KeptEmpty"
+"""The reason of the event saying an empty node is kept by ``emptyWait``."""
 
 
 @dataclass
@@ -83,6 +87,9 @@ class OptionsController(Controller):
         self._warm_in_flight = 0
         self._last_headroom_at = self.clock.now()
         self._released_at = -math.inf
+        spec = self.config.empty_wait
+        self.empty_waits = EmptyWaits(spec, self.clock.now()) if spec is not None else None
+        """Per-node empty waits (``emptyWait``; None: off)."""
 
     # ------------------------------------------------------------------------------------------------ hooks
     def next_wakeup(self) -> float | None:
@@ -90,6 +97,9 @@ class OptionsController(Controller):
         drops with time alone, and then the warm nodes become consolidation candidates); after nodes stop being kept
         warm, a look once the consolidation gate re-evaluates unchanged inputs (``consolidationRefresh``)."""
         t = super().next_wakeup()
+        ew = self.empty_waits
+        if ew is not None and ew.look_at > self.clock.now():
+            t = ew.look_at if t is None else min(t, ew.look_at)
         if not self.config.headroom:
             return t
         now = self.clock.now()
@@ -106,7 +116,21 @@ class OptionsController(Controller):
             self._observe_ages(w)
         if self.config.headroom:
             self._keep_headroom(w, result)
+        if self.empty_waits is not None:
+            self._decide_empty_waits(w)
         super()._consolidate(w, result)
+
+    def _pool_of_node(self, name: str) -> NodePool | None:
+        pool = super()._pool_of_node(name)
+        return self.empty_waits.pool_for(name, pool) if self.empty_waits is not None else pool
+
+    def _decide_empty_waits(self, w: World) -> None:
+        ew = self.empty_waits
+        assert ew is not None
+        ew.observe(w)
+        ew.decide(w, self.claims)
+        for name, d in ew.kept():
+            self._report(f"node/{name}", EMPTY_WAIT_REASON, EventKind.DISRUPTION_BLOCKED, w.now, d.reason)
 
     def _disruption_pass(
         self,
@@ -253,7 +277,7 @@ def options_controller(*, config: ControllerConfig | Mapping[str, Any] | None = 
     ``headroom`` is set, else the plain :class:`~gpuscale.controller.loop.Controller`, exactly as
     :func:`~gpuscale.controller.loop.make_controller` builds it."""
     cfg = config if isinstance(config, ControllerConfig) else ControllerConfig.from_policy(config)
-    if cfg.eviction_cost is None and not cfg.headroom and not repacking.uses_config(cfg):
+    if cfg.eviction_cost is None and not cfg.headroom and cfg.empty_wait is None and not repacking.uses_config(cfg):
         from gpuscale.controller.loop import make_controller
 
         return make_controller(config=cfg, **kw)

@@ -6,6 +6,8 @@
 * ``headroom: {POOL: {policy: Predictive, maxNodes: 2, maxHourlyCost: 3.5, ...}}``: :mod:`gpuscale.core.headroom`;
   optional ``lead``, ``quantile``, ``days``, ``minDays``, ``recentWindows``, ``instanceType``,
   ``waitCostPerGpuHour``, ``coldStart``, ``launch`` (false: only keep empty nodes warm).
+* ``emptyWait: {maxWait: 30m, window: 1h, coldStart: 200s, waitCostPerGpuHour: 1, days: 0, margin: 1}`` (every key
+  optional; ``true``: all defaults; ``false``/``null``: off): :mod:`gpuscale.core.emptywait`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuscale.core.disruption.workcost import WorkCostRule
+from gpuscale.core.emptywait import EmptyWaitSpec
 from gpuscale.core.headroom import PREDICTIVE, HeadroomSpec
 from gpuscale.errors import InputError
 from gpuscale.manifests.quantity import DURATION_HELP, parse_duration
@@ -140,3 +143,40 @@ def headroom(value: object, where: str) -> dict[str, HeadroomSpec]:
     if not isinstance(value, Mapping):
         raise InputError("must map pool names to headroom settings", where=where, value=value, fix="e.g. {gpu: {...}}")
     return {str(pool): headroom_spec(spec, f"{where}.{pool}") for pool, spec in value.items()}
+
+
+EMPTY_WAIT_KEYS = ("maxWait", "window", "coldStart", "waitCostPerGpuHour", "days", "margin")
+
+
+def empty_wait(value: object, where: str) -> EmptyWaitSpec | None:
+    """``emptyWait``: None (off), or the per-node empty wait rule."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return EmptyWaitSpec()
+    if not isinstance(value, Mapping):
+        raise InputError(
+            "must be true, false or a mapping",
+            where=where,
+            value=value,
+            fix="e.g. {maxWait: 30m, waitCostPerGpuHour: 1}",
+        )
+    for k in value:
+        if k not in EMPTY_WAIT_KEYS:
+            raise InputError(
+                "unknown emptyWait setting", where=f"{where}.{k}", value=k, fix=f"use {', '.join(EMPTY_WAIT_KEYS)}"
+            )
+    kw: dict[str, Any] = {}
+    if "maxWait" in value:
+        kw["max_wait_s"] = _duration(value["maxWait"], f"{where}.maxWait")
+    if "window" in value:
+        kw["window_s"] = _duration(value["window"], f"{where}.window")
+    if "coldStart" in value:
+        kw["cold_start_s"] = _duration(value["coldStart"], f"{where}.coldStart")
+    if "waitCostPerGpuHour" in value:
+        kw["wait_cost_per_gpu_hour"] = _number(value["waitCostPerGpuHour"], f"{where}.waitCostPerGpuHour", fix="e.g. 1")
+    if "days" in value:
+        kw["days"] = _count(value["days"], f"{where}.days", hi=366)
+    if "margin" in value:
+        kw["margin"] = _number(value["margin"], f"{where}.margin", lo=0.01, hi=1000.0, fix="e.g. 1")
+    return EmptyWaitSpec(**kw)

@@ -39,9 +39,9 @@ Factory = Callable[..., Any]
 
 
 def _config(config: Mapping[str, Any] | None) -> ControllerConfig:
-    """The scenario's policy for a baseline: gpuscale's optional policies (``evictionCost``, ``headroom``) are
-    gpuscale's own and left out."""
-    return dataclasses.replace(ControllerConfig.from_policy(config), eviction_cost=None, headroom={})
+    """The scenario's policy for a baseline: gpuscale's optional policies (``evictionCost``, ``headroom``,
+    ``emptyWait``) are gpuscale's own and left out."""
+    return dataclasses.replace(ControllerConfig.from_policy(config), eviction_cost=None, headroom={}, empty_wait=None)
 
 
 # ------------------------------------------------------------------------------------------------ cluster-autoscaler

@@ -1,0 +1,109 @@
+"""The controller's side of the per-node empty wait (``emptyWait``, :mod:`gpuscale.core.emptywait`): it records the
+pods it sees arrive, decides each empty node's wait every consolidation step, and gives the consolidation gate a
+node's pool with that wait as its ``consolidateEmptyAfter`` (never shorter than the pool's own), so the gate's
+clocks, skips and wake-up times apply to it unchanged.
+
+The arrival history lives in memory: after a restart it starts again from nothing (empty nodes then wait the pool's
+own wait until arrivals are seen again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gpuscale.controller.claims import ClaimTable
+from gpuscale.controller.shell import World
+from gpuscale.core.emptywait import EmptyWait, EmptyWaitSpec, Shape, empty_wait
+from gpuscale.core.model import NodePool, Pod
+from gpuscale.core.nodeclaim import ClaimPhase
+
+
+@dataclass
+class EmptyWaitStats:
+    """What the rule decided, for reports."""
+
+    kept: int = 0
+    """Empty nodes kept for ``maxWait`` (counted when the decision turns to keep)."""
+    released: int = 0
+    """Empty nodes left to the pool's own wait (counted when a node is first seen empty, or turns so)."""
+
+
+class EmptyWaits:
+    """Arrivals, this round's decisions and the pools the gate sees (see the module docstring)."""
+
+    def __init__(self, spec: EmptyWaitSpec, first_seen: float) -> None:
+        self.spec = spec
+        self.first_seen = first_seen
+        self.times: list[float] = []
+        self.pods: list[Pod] = []
+        self._seen: set[str] | None = None
+        self.decisions: dict[str, EmptyWait] = {}
+        """Empty node -> this round's decision."""
+        self.look_at = math.inf
+        """When a decision would change with time alone."""
+        self.stats = EmptyWaitStats()
+        self._pools: dict[tuple[str, float], NodePool] = {}
+
+    def observe(self, w: World) -> None:
+        """Record the pods first seen this round (not daemon pods); drop arrivals older than the history needs."""
+        keys = {p.key for p in w.pods}
+        if self._seen is not None:
+            for p in w.pods:
+                if p.key not in self._seen and not p.is_daemonset:
+                    self.times.append(w.now)
+                    self.pods.append(p)
+        self._seen = keys
+        cut = 0
+        keep_from = w.now - self.spec.history_s
+        while cut < len(self.times) and self.times[cut] < keep_from:
+            cut += 1
+        if cut:
+            del self.times[:cut]
+            del self.pods[:cut]
+
+    def decide(self, w: World, claims: ClaimTable) -> Mapping[str, EmptyWait]:
+        """Each empty initialised node's decision this round."""
+        by_node = w.by_node()
+        out: dict[str, EmptyWait] = {}
+        look = math.inf
+        for _, c in claims.items():
+            name = c.node_name
+            if c.phase is not ClaimPhase.INITIALIZED or not name:
+                continue
+            node = w.nodes.get(name)
+            if node is None or node.unschedulable or any(not p.is_daemonset for p in by_node.get(name, ())):
+                continue
+            shape = Shape(node.allocatable, c.hourly_price, node.labels, node.taints, node.gpu_model)
+            d = empty_wait(self.times, self.pods, self.first_seen, w.now, shape, self.spec)
+            before = self.decisions.get(name)
+            if d.wait_s is not None and (before is None or before.wait_s is None):
+                self.stats.kept += 1
+            elif d.wait_s is None and (before is None or before.wait_s is not None):
+                self.stats.released += 1
+            out[name] = d
+            look = min(look, d.until)
+        self.decisions = out
+        self.look_at = look
+        return out
+
+    def kept(self) -> Iterable[tuple[str, EmptyWait]]:
+        """The empty nodes kept this round, with their decision."""
+        return ((n, d) for n, d in self.decisions.items() if d.wait_s is not None)
+
+    def pool_for(self, node_name: str, pool: NodePool | None) -> NodePool | None:
+        """``pool`` as the gate must see it for this node: its empty wait raised to the node's kept wait."""
+        d = self.decisions.get(node_name)
+        if pool is None or d is None or d.wait_s is None:
+            return pool
+        wait = max(pool.disruption.wait_s(True), d.wait_s)
+        key = (pool.name, wait)
+        out = self._pools.get(key)
+        if out is None:
+            out = dataclasses.replace(
+                pool, disruption=dataclasses.replace(pool.disruption, consolidate_empty_after_s=wait)
+            )
+            self._pools[key] = out
+        return out

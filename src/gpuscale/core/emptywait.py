@@ -1,0 +1,144 @@
+"""Per-node empty wait (an option, off by default): how long an empty node is kept before consolidation deletes it,
+from the node's price and the rate of arriving pods that would fit it -- a ski-rental rule.
+
+Keeping an empty node costs its price per hour. A pod that arrives while it is kept lands on it at once instead of
+waiting for a new node: that saves a cold start (``cold_start_s`` of a new node's price, here the pod's share of this
+node's price, plus ``cold_start_s`` of waiting valued at ``wait_cost_per_gpu_hour`` per GPU). :func:`empty_wait`
+estimates the saving per hour of keeping the node from the pods that fitted it and arrived in the last ``window_s``
+(and, with ``days``, in the coming ``window_s`` of each of the last ``days`` days: the time-of-day forecast, their
+mean), and keeps the node for ``max_wait_s`` when that saving pays its price, else lets it go after the pool's own
+empty wait. Expensive shapes that few arriving pods fit go at once; cheap shapes many pods fit are kept warm.
+
+Pure: arrivals are ``(time, Pod)`` pairs the caller records; the node is described by :class:`Shape`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpuscale.core.model import Pod, Taint
+from gpuscale.core.predicates import static_failure
+from gpuscale.core.resources import MILLI_PER_GPU, Resources
+
+DAY_S = 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class EmptyWaitSpec:
+    """The ``emptyWait`` setting (see the module docstring; times in seconds)."""
+
+    max_wait_s: float = 1800.0
+    """How long a node worth keeping is kept empty (the consolidation wait of such a node)."""
+    window_s: float = 3600.0
+    """Arrivals of this long back (and of the coming window on past days) give the saving rate."""
+    cold_start_s: float = 200.0
+    """What one pod landing on the kept node saves: this long of a new node (launch to GPUs ready) and of waiting."""
+    wait_cost_per_gpu_hour: float = 0.0
+    """What an hour of a GPU's worth of pending time costs the user (0: only the new node's boot time counts)."""
+    days: int = 0
+    """Time-of-day forecast over this many past days (0: recent arrivals only)."""
+    margin: float = 1.0
+    """Keep when the saving per hour is at least ``margin`` times the node's price."""
+
+    @property
+    def history_s(self) -> float:
+        """How far back arrivals are needed."""
+        return self.days * DAY_S + self.window_s
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """An empty node as the rule sees it: what a pod must fit and what the node costs."""
+
+    allocatable: Resources
+    hourly_price: float
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    gpu_model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EmptyWait:
+    """The decision for one empty node."""
+
+    wait_s: float | None
+    """How long to keep the node empty (None: the pool's own wait)."""
+    saving_per_hour: float
+    """Expected saving of keeping it, $/h."""
+    until: float
+    """When the decision would change with time alone (no new arrival): a time to look again (inf: never)."""
+    reason: str
+
+
+def fits(pod: Pod, shape: Shape) -> bool:
+    """True if ``pod`` would fit ``shape`` when the node is empty (requests, GPU model, labels, taints)."""
+    r, a = pod.request, shape.allocatable
+    if r.cpu_milli > a.cpu_milli or r.memory_mib > a.memory_mib or a.pods < 1:
+        return False
+    if r.gpus > a.gpus or (r.gpu_milli and a.gpus < 1):
+        return False
+    if r.gpu_models is not None and r.wants_gpu and shape.gpu_model not in r.gpu_models:
+        return False
+    return static_failure(pod, shape.labels, shape.taints) is None
+
+
+def pod_saving(pod: Pod, shape: Shape, spec: EmptyWaitSpec) -> float:
+    """$ one pod landing on the kept node saves: its share of the node over a cold start, and its waiting."""
+    gpus = pod.request.gpu_demand_milli / MILLI_PER_GPU
+    share = min(1.0, gpus / shape.allocatable.gpus) if shape.allocatable.gpus > 0 else 1.0
+    return spec.cold_start_s / 3600.0 * (shape.hourly_price * share + spec.wait_cost_per_gpu_hour * gpus)
+
+
+def _savings(
+    times: Sequence[float], pods: Sequence[Pod], start: float, end: float, shape: Shape, spec: EmptyWaitSpec
+) -> list[tuple[float, float]]:
+    """(time, saving) of the arrivals in ``(start, end]`` that fit ``shape`` (an arrival leaves a window ending
+    ``now`` at exactly ``its time + window``)."""
+    lo = bisect.bisect_right(times, start)
+    hi = bisect.bisect_right(times, end)
+    return [(times[i], pod_saving(pods[i], shape, spec)) for i in range(lo, hi) if fits(pods[i], shape)]
+
+
+def empty_wait(
+    times: Sequence[float], pods: Sequence[Pod], first_seen: float, now: float, shape: Shape, spec: EmptyWaitSpec
+) -> EmptyWait:
+    """The empty wait of a node of ``shape`` (see the module docstring). ``times``/``pods``: the arrivals, sorted by
+    time; ``first_seen``: when observation started (past days before it are not counted)."""
+    hours = spec.window_s / 3600.0
+    recent = _savings(times, pods, now - spec.window_s, now, shape, spec)
+    recent_rate = sum(s for _, s in recent) / hours
+    days = [d for d in range(1, spec.days + 1) if now - d * DAY_S >= first_seen]
+    seasonal_rate = 0.0
+    if days:
+        total = sum(
+            s
+            for d in days
+            for _, s in _savings(times, pods, now - d * DAY_S, now - d * DAY_S + spec.window_s, shape, spec)
+        )
+        seasonal_rate = total / hours / len(days)
+    rate = max(recent_rate, seasonal_rate)
+    price = shape.hourly_price * spec.margin
+    why = (
+        f"saving ${rate:.3f}/h (recent {len(recent)} fitting pod(s): ${recent_rate:.3f}/h; time of day over "
+        f"{len(days)} day(s): ${seasonal_rate:.3f}/h) against ${shape.hourly_price:.3f}/h"
+    )
+    if rate < price or rate <= 0.0:
+        return EmptyWait(None, rate, _next_arrival_change(now, days, spec), f"{why}: not kept")
+    # with no new arrival the recent rate falls as its oldest arrivals leave the window; the seasonal one moves on
+    until = _next_arrival_change(now, days, spec)
+    if recent_rate >= price and seasonal_rate < price:
+        left = recent_rate
+        for t, s in recent:
+            left -= s / hours
+            if left < price - 1e-12:
+                until = min(until, t + spec.window_s)
+                break
+    return EmptyWait(spec.max_wait_s, rate, until, f"{why}: kept")
+
+
+def _next_arrival_change(now: float, days: Sequence[int], spec: EmptyWaitSpec) -> float:
+    """A look again time for the time-of-day forecast (it moves with the clock): a quarter window on, or never."""
+    return now + spec.window_s / 4 if days else math.inf

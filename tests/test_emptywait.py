@@ -1,0 +1,153 @@
+"""The per-node empty wait (``emptyWait``): which arriving pods fit an empty node, what each saves, when a node is
+kept (cheap shapes many pods fit) or let go (expensive shapes few pods fit), when the decision changes with time
+alone, the time-of-day forecast, and the validation of the setting."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from builders import pod, taint
+from gpuscale.controller.config import ControllerConfig
+from gpuscale.core import labels as L
+from gpuscale.core.emptywait import DAY_S, EmptyWaitSpec, Shape, empty_wait, fits, pod_saving
+from gpuscale.core.model import Pod
+from gpuscale.core.resources import Resources
+from gpuscale.errors import InputError
+from gpuscale.sim.policies import _config
+
+ONE = Shape(Resources(8000, 32768, 1), 0.6, {L.GPU_PRODUCT: "T4"}, (), "T4")
+EIGHT = Shape(Resources(96000, 786432, 8), 20.0, {L.GPU_PRODUCT: "V100"}, (), "V100")
+SPEC = EmptyWaitSpec(max_wait_s=1800.0, window_s=3600.0, cold_start_s=380.0, wait_cost_per_gpu_hour=0.0)
+"""Each 1-GPU pod saves 380 s of the $0.60/h node: $0.0633; ten in an hour pay for it, nine do not."""
+
+
+def arrivals(*items: tuple[float, Pod]) -> tuple[list[float], list[Pod]]:
+    return [t for t, _ in items], [p for _, p in items]
+
+
+@pytest.mark.parametrize(
+    ("p", "shape", "ok"),
+    [
+        (pod("a", 2000, 4096, gpus=1), ONE, True),
+        (pod("b", 2000, 4096, gpus=2), ONE, False),  # more GPUs than the node has
+        (pod("c", 9000, 4096, gpus=1), ONE, False),  # more CPU
+        (pod("d", 2000, 40000, gpus=1), ONE, False),  # more memory
+        (pod("e", 2000, 4096, milli=500), ONE, True),  # a fraction of one GPU
+        (pod("f", 2000, 4096, gpus=1, models=frozenset({"V100"})), ONE, False),  # GPU model
+        (pod("g", 2000, 4096, gpus=1, models=frozenset({"T4", "V100"})), ONE, True),
+        (pod("h", 2000, 4096, gpus=1, selector={"zone": "b"}), ONE, False),  # node selector
+        (pod("i", 2000, 4096), Shape(Resources(8000, 32768, 1), 0.6, {}, (taint("gpu"),)), False),  # taint
+        (pod("j", 2000, 4096, milli=300), Shape(Resources(8000, 32768, 0), 0.1), False),  # GPU pod, CPU node
+    ],
+)
+def test_fits_checks_requests_gpu_model_selectors_and_taints(p: Pod, shape: Shape, ok: bool) -> None:
+    assert fits(p, shape) is ok
+
+
+def test_a_pod_saves_its_share_of_the_node_over_a_cold_start_and_its_waiting() -> None:
+    spec = EmptyWaitSpec(cold_start_s=360.0, wait_cost_per_gpu_hour=2.0)
+    # 0.1 h x ($0.60 x 1/1 + $2 x 1 GPU)
+    assert pod_saving(pod("a", gpus=1), ONE, spec) == pytest.approx(0.26)
+    # 0.1 h x ($20 x 2/8 + $2 x 2 GPUs)
+    assert pod_saving(pod("b", gpus=2), EIGHT, spec) == pytest.approx(0.9)
+    # half a GPU: 0.1 h x ($0.60 x 0.5 + $2 x 0.5)
+    assert pod_saving(pod("c", milli=500), ONE, spec) == pytest.approx(0.13)
+
+
+def test_a_cheap_popular_shape_is_kept_and_an_expensive_rarely_fitting_one_is_not() -> None:
+    # six 1-GPU pods in the last hour
+    ps = [(3600.0 + 500 * k, pod(f"p{k}", 2000, 4096, gpus=1)) for k in range(6)]
+    times, pods = arrivals(*ps)
+    now = 7000.0
+    spec = EmptyWaitSpec(window_s=3600.0, cold_start_s=360.0, wait_cost_per_gpu_hour=0.5)
+    one = empty_wait(times, pods, 0.0, now, ONE, spec)
+    # saving: 6 pods x 0.1 h x ($0.60 + $0.50) = $0.66 in the hour >= $0.60/h
+    assert one.saving_per_hour == pytest.approx(0.66)
+    assert one.wait_s == spec.max_wait_s and "kept" in one.reason
+    eight = empty_wait(times, pods, 0.0, now, EIGHT, spec)
+    # on the 8-GPU node each saves 0.1 h x ($20/8 + $0.50) = $0.30: $1.80/h against $20/h
+    assert eight.saving_per_hour == pytest.approx(1.8)
+    assert eight.wait_s is None and "not kept" in eight.reason
+
+
+def test_without_a_wait_cost_only_many_arrivals_pay_for_a_kept_node() -> None:
+    now = 3600.0
+    few = arrivals(*[(100.0 * k + 50, pod(f"p{k}", gpus=1)) for k in range(9)])
+    many = arrivals(*[(100.0 * k + 50, pod(f"p{k}", gpus=1)) for k in range(10)])
+    # $0.0633 a pod: ten pods in an hour pay for the $0.60/h node, nine do not
+    assert empty_wait(*few, 0.0, now, ONE, SPEC).wait_s is None
+    assert empty_wait(*many, 0.0, now, ONE, SPEC).wait_s == SPEC.max_wait_s
+
+
+def test_pods_that_do_not_fit_do_not_count() -> None:
+    now = 3600.0
+    times, pods = arrivals(*[(100.0 * k, pod(f"p{k}", gpus=2)) for k in range(30)])
+    d = empty_wait(times, pods, 0.0, now, ONE, SPEC)
+    assert d.saving_per_hour == 0.0 and d.wait_s is None and d.until == math.inf
+
+
+def test_a_kept_node_is_looked_at_again_when_its_oldest_arrivals_leave_the_window() -> None:
+    # eleven pods at 0, 100, ..., 1000 s ($0.70/h at 3000 s): the first leaving the window (t=0, at 3600 s) leaves
+    # ten (still kept), the second (t=100, at 3700 s) nine: looked at again then, and let go
+    times, pods = arrivals(*[(100.0 * k, pod(f"p{k}", gpus=1)) for k in range(11)])
+    d = empty_wait(times, pods, 0.0, 3000.0, ONE, SPEC)
+    assert d.wait_s == SPEC.max_wait_s
+    assert d.until == pytest.approx(3700.0)
+    assert empty_wait(times, pods, 0.0, 3650.0, ONE, SPEC).wait_s == SPEC.max_wait_s
+    assert empty_wait(times, pods, 0.0, 3700.0, ONE, SPEC).wait_s is None
+
+
+def test_time_of_day_counts_the_coming_window_of_past_days() -> None:
+    spec = EmptyWaitSpec(window_s=3600.0, cold_start_s=360.0, days=2)
+    now = 2 * DAY_S + 10 * 3600.0
+    # on each of the two past days, twelve 1-GPU pods arrived between 10:00 and 11:00; none in the last hour
+    items = [(d * DAY_S + 10 * 3600.0 + 300.0 * k + 60, pod(f"d{d}p{k}", gpus=1)) for d in (0, 1) for k in range(12)]
+    times, pods = arrivals(*items)
+    d = empty_wait(times, pods, 0.0, now, ONE, spec)
+    assert d.saving_per_hour == pytest.approx(12 * 0.06)
+    assert d.wait_s == spec.max_wait_s and "2 day(s)" in d.reason
+    assert d.until == now + 900.0  # the seasonal forecast moves with the clock: a look a quarter window on
+    # before the history covers a past day, that day does not count
+    assert empty_wait(times, pods, now - 1.5 * DAY_S, now, ONE, spec).saving_per_hour == pytest.approx(12 * 0.06)
+    assert empty_wait(times, pods, now - 0.5 * DAY_S, now, ONE, spec).wait_s is None
+    # without days only the recent hour counts
+    assert empty_wait(times, pods, 0.0, now, ONE, EmptyWaitSpec(cold_start_s=360.0)).wait_s is None
+
+
+def test_margin_asks_for_more_saving_than_the_price() -> None:
+    times, pods = arrivals(*[(100.0 * k + 50, pod(f"p{k}", gpus=1)) for k in range(10)])
+    assert empty_wait(times, pods, 0.0, 3600.0, ONE, SPEC).wait_s == SPEC.max_wait_s
+    spec = EmptyWaitSpec(cold_start_s=380.0, margin=1.5)
+    assert empty_wait(times, pods, 0.0, 3600.0, ONE, spec).wait_s is None
+
+
+# ------------------------------------------------------------------------------------------------ settings
+def test_empty_wait_parses_and_is_off_by_default() -> None:
+    assert ControllerConfig.from_policy({}).empty_wait is None
+    assert ControllerConfig.from_policy({"emptyWait": False}).empty_wait is None
+    assert ControllerConfig.from_policy({"emptyWait": True}).empty_wait == EmptyWaitSpec()
+    cfg = ControllerConfig.from_policy(
+        {"emptyWait": {"maxWait": "20m", "window": "2h", "coldStart": 180, "waitCostPerGpuHour": 1.5, "days": 7}}
+    )
+    assert cfg.empty_wait == EmptyWaitSpec(1200.0, 7200.0, 180.0, 1.5, 7)
+    assert _config({"emptyWait": True}).empty_wait is None  # the baselines ignore it
+
+
+@pytest.mark.parametrize(
+    ("value", "where", "words"),
+    [
+        ("soon", "policy.emptyWait", "true, false or a mapping"),
+        ({"wait": "5m"}, "policy.emptyWait.wait", "unknown emptyWait setting"),
+        ({"maxWait": "never"}, "policy.emptyWait.maxWait", "not a duration"),
+        ({"window": 0}, "policy.emptyWait.window", "positive"),
+        ({"waitCostPerGpuHour": -1}, "policy.emptyWait.waitCostPerGpuHour", "number"),
+        ({"days": 1.5}, "policy.emptyWait.days", "integer"),
+        ({"margin": 0}, "policy.emptyWait.margin", "number"),
+    ],
+)
+def test_bad_empty_wait_settings_are_one_line_errors(value: object, where: str, words: str) -> None:
+    with pytest.raises(InputError) as err:
+        ControllerConfig.from_policy({"emptyWait": value})
+    assert where in str(err.value) and words in str(err.value) and "\n" not in str(err.value)
