@@ -56,7 +56,7 @@ from gpuscale.controller.scaleup import PlanFn, ScaleUpSteps
 from gpuscale.controller.shell import ReconcileResult, World
 from gpuscale.core import labels as L
 from gpuscale.core.gpr import is_gpr_request_id
-from gpuscale.core.model import Catalog, Node, NodePool, OfferingKey
+from gpuscale.core.model import Catalog, Node, NodePool, OfferingKey, Pod
 from gpuscale.core.nodeclaim import TIMED_PHASES, ClaimPhase, deadline
 from gpuscale.core.plan import ScaleUpPlan
 from gpuscale.core.reconcile import (
@@ -79,6 +79,10 @@ def _default_planner() -> PlanFn:
 
 
 _LIVE_PHASES = ("Pending", "Running", "")
+
+
+def _live(p: Pod) -> bool:
+    return p.phase in _LIVE_PHASES
 
 
 class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
@@ -234,8 +238,8 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
     # --------------------------------------------------------------------------------------------- observing
     def _observe(self, now: float) -> World | None:
         try:
-            pods = [p for p in self.backend.list_pods() if p.phase in _LIVE_PHASES]
             obs = self.observed
+            pods, last = obs.live_pods(self.backend.list_pods(), _live)
             listed = self.backend.list_nodes()
             if obs.same_nodes(listed):
                 nodes = dict(obs.nodes)  # a copy: the controller deletes from it during the round
@@ -255,7 +259,11 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
                 self.gpr.feed.failed(exc)
             self._record(now, EventKind.OBSERVE_FAILED, "provider/" + self.provider.name, type(exc).__name__, str(exc))
             return None
-        return World(now, pods, nodes, cloud, events, pdbs, utilization)
+        world = World(now, pods, nodes, cloud, events, pdbs, utilization)
+        if last is not None:  # the same pods as last round: the same grouping by node (pods are never changed)
+            world.share_grouping(last)
+        obs.pods_world = world
+        return world
 
     @staticmethod
     def _normalise(node: Node) -> Node:
@@ -279,8 +287,9 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
             foreign=None if obs.foreign is None or self.gpr.enabled else obs.foreign,
         )
         self._apply(d, w)
-        # settled: every listed node matched its settled claim, which depends on neither the time nor the cluster
-        obs.synced_with(d.unlisted, d.settled, self.claims.version)
+        # settled: every listed node matched its settled claim, which depends on neither the time nor the cluster;
+        # idle: nothing changed, and what may change next depends on the cluster's Nodes alone (not on the time)
+        obs.synced_with(d.unlisted, d.settled, self.claims.version, idle=d.idle)
 
     # --------------------------------------------------------------------------------------- provider events
     def _handle_provider_events(self, w: World) -> None:

@@ -14,13 +14,13 @@ Each decides nothing: the decisions are in :mod:`gpuscale.core.reconcile`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gpuscale.controller.batching import PendingBatch
 from gpuscale.controller.consolidation import Mismatch
 from gpuscale.core.disruption import DisruptionAction
-from gpuscale.core.model import Node
+from gpuscale.core.model import Node, Pod
 from gpuscale.core.reconcile.scaleup import (
     Gate,
     PlanFn,
@@ -34,6 +34,7 @@ from gpuscale.providers.base import CloudNode
 
 if TYPE_CHECKING:
     from gpuscale.controller.availability import Availability
+    from gpuscale.controller.shell import World
 
 
 class ScaleUpState:
@@ -114,16 +115,32 @@ class Observation:
         GPR manager hands its launches to this controller."""
         self.now = -math.inf
         """The time of the current round (notes from the launcher are stamped with it)."""
+        self.pods_list: object = None
+        self.pods: list[Pod] = []
+        """The live pods of ``pods_list`` (the backend's last pod list, kept if it was an immutable tuple)."""
+        self.pods_world: World | None = None
+        """The last round's world built on ``pods``: its grouping of the pods by node is reused with them."""
         self.nodes_list: object = None
         self.nodes: dict[str, Node] = {}
         self.cloud_list: object = None
         self.cloud: list[CloudNode] = []
         self.synced: tuple[object, int] | None = None
-        """(cloud list, claim table version) after a claim sync that left nothing to wait for."""
+        """(cloud list, claim table version) after a claim sync that changed nothing."""
+        self.synced_nodes: object = None
+        """The node list that sync depended on (a claim waited for its Node), or None if it depended on none."""
         self.unlisted: set[str] = set()
         """Claims the provider stopped listing (lost after a grace period)."""
         self.wake_times: list[float] | None = None
         """Sorted candidate wake-up times, computed on demand after each round."""
+
+    def live_pods(self, listed: Sequence[Pod], keep: Callable[[Pod], bool]) -> tuple[list[Pod], World | None]:
+        """The pods of ``listed`` that ``keep`` accepts, and the last world built on the same list (None if the
+        list changed). Only an immutable tuple is recognised again; the lists are shared, never changed."""
+        if self.pods_list is not None and listed is self.pods_list:
+            return self.pods, self.pods_world
+        pods = [p for p in listed if keep(p)]
+        self.pods_list, self.pods, self.pods_world = (listed if isinstance(listed, tuple) else None), pods, None
+        return pods, None
 
     def same_nodes(self, listed: object) -> bool:
         """True if ``listed`` is the node list observed last time (the same immutable tuple)."""
@@ -142,17 +159,28 @@ class Observation:
         self.cloud = alive
 
     def sync_needed(self, claims_version: int) -> bool:
-        """False if the provider list and the claims are those of the last sync that learnt nothing."""
-        if self.synced is not None and self.synced == (self.cloud_list, claims_version):
+        """False if the provider list and the claims (and the node list, if that sync depended on it) are those of
+        the last sync that changed nothing: the same inputs give the same result, which is to change nothing."""
+        synced = self.synced
+        if (
+            synced is not None
+            and synced == (self.cloud_list, claims_version)
+            and (self.synced_nodes is None or self.synced_nodes is self.nodes_list)
+        ):
             return False
         self.synced = None
         return True
 
-    def synced_with(self, unlisted: set[str], settled: bool, claims_version: int) -> None:
-        """A claim sync ran; ``settled``: every listed node matched its settled claim."""
+    def synced_with(self, unlisted: set[str], settled: bool, claims_version: int, *, idle: bool = False) -> None:
+        """A claim sync ran; ``settled``: every listed node matched its settled claim (nothing depends on the
+        cluster); ``idle``: it changed nothing, but some claim waits for its Node (it depends on the node list)."""
         self.unlisted = unlisted
-        if settled and self.cloud_list is not None:
-            self.synced = (self.cloud_list, claims_version)
+        if self.cloud_list is None:
+            return
+        if settled:
+            self.synced, self.synced_nodes = (self.cloud_list, claims_version), None
+        elif idle and self.nodes_list is not None:
+            self.synced, self.synced_nodes = (self.cloud_list, claims_version), self.nodes_list
 
 
 class Replacements:

@@ -102,6 +102,14 @@ class World:
         assert self._unbound is not None
         return self._unbound
 
+    def share_grouping(self, other: World) -> None:
+        """Take ``other``'s grouping of the pods (computed later by either world if not yet): only for a world of
+        the very same ``pods`` list."""
+        assert other.pods is self.pods
+        if other._by_node is None:
+            other._group()
+        self._by_node, self._unbound = other._by_node, other._unbound
+
     def _group(self) -> None:
         out: dict[str, list[Pod]] = {}
         free: list[Pod] = []
@@ -151,17 +159,28 @@ class ShellBase:
 
     @property
     def _fleet(self) -> Fleet:
-        """What may be launched: the pools and instance types by name (from the configuration)."""
-        return Fleet(self.pools, self.catalog.by_name())
+        """What may be launched: the pools and instance types by name (from the configuration; kept until the pools
+        or the catalog are replaced by other objects)."""
+        cached = self.__dict__.get("_fleet_cache")
+        if cached is None or cached[0] is not self.pools or cached[1] is not self.catalog:
+            cached = self.__dict__["_fleet_cache"] = (
+                self.pools,
+                self.catalog,
+                Fleet(self.pools, self.catalog.by_name()),
+            )
+        return cached[2]
 
     @property
     def _types(self) -> Mapping[str, InstanceType]:
-        return self.catalog.by_name()
+        return self._fleet.types
 
     @property
     def _rules(self) -> Rules:
-        """The settings of the pure claim decisions (from the configuration)."""
-        return self.config.rules()
+        """The settings of the pure claim decisions (from the configuration; kept until it is replaced)."""
+        cached = self.__dict__.get("_rules_cache")
+        if cached is None or cached[0] is not self.config:
+            cached = self.__dict__["_rules_cache"] = (self.config, self.config.rules())
+        return cached[1]
 
     def _apply(self, d: Decisions, w: World) -> None:
         """Carry out a pure decision record, in order."""

@@ -141,7 +141,8 @@ def sync_claims(
     table: dict[str, NodeClaim] | None = None  # the claims with this sync's changes, made on the first change
     current: Mapping[str, NodeClaim] = claims
     requested_phase, advancing = ClaimPhase.REQUESTED, ADVANCING
-    learnt = False
+    learnt = False  # some claim changed (or was adopted)
+    waiting = False  # some listed claim's next step depends on its Node (Launched or Registered, unchanged)
     listed_requests = 0  # Requested claims whose node this sync found (they are Launched now)
     seen: set[str] = set()
     for cn in cloud:
@@ -159,13 +160,9 @@ def sync_claims(
         ):
             seen.add(key)
             continue
-        learnt = True
-        if table is None:
-            table = dict(claims)
-            current = table
         if existing is not None and existing.node_id and existing.node_id != cn.node_id:
             key = f"{key}#{cn.node_id}"
-            existing = table.get(key)
+            existing = current.get(key)
         if existing is None:
             claim = adopt_claim(key, cn, nodes, fleet, rules, now)
             out.note(
@@ -185,6 +182,13 @@ def sync_claims(
                 claim = replace(claim, node_id=cn.node_id, node_name=cn.node_name or claim.node_name)
         seen.add(key)
         claim = advance_claim(claim, nodes, now, out)
+        if claim is existing:  # a Launched or Registered claim whose Node shows nothing new yet
+            waiting = True
+            continue
+        learnt = True
+        if table is None:
+            table = dict(claims)
+            current = table
         table[key] = claim
         out.actions.append(SetClaim(key, claim))
     if requested is None:
@@ -192,7 +196,8 @@ def sync_claims(
     requested -= listed_requests
     if len(seen) + requested == len(current):
         # every claim was listed, or is still Requested (seen claims are never Requested)
-        out.settled = not learnt
+        out.settled = not learnt and not waiting
+        out.idle = not learnt
         return out
     for key, claim in list(current.items()):
         if key in seen or claim.phase is ClaimPhase.REQUESTED:

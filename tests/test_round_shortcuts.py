@@ -1,0 +1,121 @@
+"""The controller round's shortcuts (a claim sync skipped when its inputs did not change, the pods and their grouping
+reused when the cluster returns the same list): each must give exactly what the work it skips would have given."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuscale.controller import loop
+from gpuscale.controller.rounds import Observation
+from gpuscale.controller.shell import World
+from gpuscale.core.model import Pod
+from gpuscale.core.nodeclaim import ClaimPhase
+from gpuscale.core.reconcile import SetClaim, sync_claims
+from gpuscale.sim.commands import simulate_policy
+from gpuscale.sim.scenario import load_scenario
+from test_reconcile_core import FLEET, RULES, apply, claim, cloud, k8s, observations
+
+Obs = tuple[dict[str, Any], list[Any], dict[str, Any], float]
+
+
+# ------------------------------------------------------------------------------------------------ the claim sync
+@settings(max_examples=300, deadline=None)
+@given(observations(), st.integers(1, 5000))
+def test_an_idle_sync_changes_nothing_and_does_not_depend_on_the_time(obs: Obs, later: int) -> None:
+    claims, listing, nodes, now = obs
+    d = sync_claims(claims, listing, nodes, FLEET, RULES, now)
+    table = apply(claims, d)
+    again = sync_claims(table, listing, nodes, FLEET, RULES, now)
+    assert not d.settled or d.idle  # settled is the stronger promise
+    if not again.idle:
+        return
+    # what the shell skips: a sync of the same listing, claims and Nodes, at any later time, changes nothing
+    assert apply(table, again) == table and not any(isinstance(a, SetClaim) for a in again.actions)
+    at_another_time = sync_claims(table, listing, nodes, FLEET, RULES, now + later)
+    assert at_another_time.actions == [] and at_another_time.idle and at_another_time.settled == again.settled
+
+
+def test_a_claim_waiting_for_its_gpus_is_idle_but_not_settled() -> None:
+    c = claim("r1", ClaimPhase.REGISTERED, node_id="n1", name="node-1")
+    listing = [cloud("r1", "n1", "node-1")]
+    d = sync_claims({"r1": c}, listing, {"node-1": k8s("node-1", gpus=0)}, FLEET, RULES, 10.0)
+    assert d.actions == [] and d.idle and not d.settled  # the next step depends on the Node
+    d = sync_claims({"r1": c}, listing, {"node-1": k8s("node-1", gpus=1)}, FLEET, RULES, 10.0)
+    assert not d.idle and apply({"r1": c}, d)["r1"].phase is ClaimPhase.INITIALIZED
+
+
+def test_an_idle_sync_is_skipped_only_with_the_same_node_list() -> None:
+    obs = Observation(None)
+    cloud_list: tuple[object, ...] = ()
+    obs.keep_cloud(cloud_list, [])
+    nodes_a: tuple[object, ...] = tuple(["a"])
+    obs.keep_nodes(nodes_a, {})
+    obs.synced_with(set(), settled=False, claims_version=2, idle=True)
+    assert not obs.sync_needed(2)
+    obs.keep_nodes(tuple(["a"]), {})  # an equal list, not the same one: sync
+    assert obs.sync_needed(2) and obs.synced is None
+    obs.synced_with(set(), settled=False, claims_version=2, idle=True)
+    obs.keep_nodes(["a"], {})  # a list that may change in place: never skipped
+    obs.synced_with(set(), settled=False, claims_version=2, idle=True)
+    assert obs.sync_needed(2)
+    obs.synced_with(set(), settled=True, claims_version=2)  # settled: the nodes do not matter
+    obs.keep_nodes(tuple(["b"]), {})
+    assert not obs.sync_needed(2)
+
+
+# ------------------------------------------------------------------------------------------------ the pods
+def test_the_same_pod_list_gives_the_same_pods_and_grouping() -> None:
+    obs = Observation(None)
+    pods = (Pod("a", node_name="n1", phase="Running"), Pod("b"), Pod("c", phase="Succeeded"))
+
+    def live(p: Pod) -> bool:
+        return p.phase in ("Pending", "Running")
+
+    first, last = obs.live_pods(pods, live)
+    assert [p.name for p in first] == ["a", "b"] and last is None
+    w1 = World(0.0, first, {}, [], [], [], {})
+    obs.pods_world = w1
+    again, last = obs.live_pods(pods, live)
+    assert again is first and last is w1
+    w2 = World(1.0, again, {}, [], [], [], {})
+    w2.share_grouping(w1)
+    assert w2.by_node() is w1.by_node() and w2.by_node() == {"n1": [pods[0]]} and w2.unbound() == [pods[1]]
+    _, last = obs.live_pods(tuple(pods), live)  # tuple(t) is t: still the same list
+    assert last is w1
+    changed, last = obs.live_pods(pods[:2], live)
+    assert changed is not first and changed == first and last is None
+    obs.live_pods(list(pods), live)
+    _, last = obs.live_pods(list(pods), live)
+    assert last is None  # a list is never recognised again
+
+
+# ------------------------------------------------------------------------------------------------ whole runs
+@pytest.fixture
+def no_shortcuts(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]]:
+    """Turns the round's shortcuts off (every sync runs, the pods are filtered and grouped every round)."""
+
+    def off() -> None:
+        monkeypatch.setattr(Observation, "sync_needed", lambda self, version: True)
+        monkeypatch.setattr(Observation, "live_pods", lambda self, listed, keep: ([p for p in listed if keep(p)], None))
+
+    yield off
+
+
+def _run(path: str) -> tuple[Any, ...]:
+    res = simulate_policy(load_scenario(path), "gpuscale")
+    events = [(e.at, e.kind, e.object, e.reason, e.message) for e in res.cluster.events]
+    report = {k: v for k, v in res.report.items() if k != "wallSeconds"}
+    return events, [repr(n) for n in res.cloud.launched()], res.reconcile_times, report
+
+
+@pytest.mark.parametrize("path", ["examples/demo.yaml", "benchmarks/scenarios/ack-spot.yaml"])
+def test_runs_with_and_without_the_shortcuts_are_identical(path: str, no_shortcuts: Callable[[], None]) -> None:
+    with_shortcuts = _run(path)
+    no_shortcuts()
+    assert loop.Observation.sync_needed(Observation(None), 0)  # the controller's own class is patched
+    assert _run(path) == with_shortcuts
