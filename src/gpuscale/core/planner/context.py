@@ -14,6 +14,13 @@ _NOTHING_USED = Resources(pods=0)
 """A pool's usage before any node (shared: Resources is immutable)."""
 
 
+def unbounded(pool: NodePool) -> bool:
+    """True if the pool has neither maxNodes nor limits: :meth:`Context.headroom` is then never 0 and reads none of
+    the pool's totals."""
+    lim = pool.limits
+    return pool.max_nodes is None and lim.cpu_milli is None and lim.memory_mib is None and lim.gpus is None
+
+
 @dataclass(slots=True)
 class NewNodes:
     """``count`` identical new nodes of one option, each carrying ``pattern`` (class index -> pods per node)."""

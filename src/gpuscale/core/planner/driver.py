@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from gpuscale.core.model import Pod, Snapshot
 from gpuscale.core.plan import Blocked, BlockReason, Launch, PlannerConfig, ScaleUpPlan
 from gpuscale.core.planner.classes import PodClass, class_key, pod_order
-from gpuscale.core.planner.context import Context, NewNodes
+from gpuscale.core.planner.context import Context, NewNodes, unbounded
 from gpuscale.core.planner.existing import ExistingNodes
 from gpuscale.core.planner.explain import explain
 from gpuscale.core.planner.feasible import ClassOptions
@@ -43,7 +43,10 @@ class Planner:
     # -- setup
     def _initial_context(self) -> Context:
         state = self.existing.initial_state()
-        pool_nodes, pool_usage = pool_totals(self.existing.nodes, self.snapshot.catalog)
+        # only the pools with maxNodes or limits read their totals (Context.headroom, the integer program, explain)
+        bounded = {p.name for p in self.snapshot.pools if not unbounded(p)}
+        nodes = [n for n in self.existing.nodes if n.pool in bounded] if bounded else []
+        pool_nodes, pool_usage = pool_totals(nodes, self.snapshot.catalog)
         return Context(state, pool_nodes, pool_usage, [], {}, [])
 
     def _classify(self, pods: Iterable[Pod]) -> None:

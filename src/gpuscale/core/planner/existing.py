@@ -33,6 +33,10 @@ class ExistingNodes:
         self._rows_cache: dict[int, tuple[IntArray, IntArray]] = {}
         self._groups_cache: dict[tuple[str, ...], list[IntArray]] = {}
         self._scorer_ready = False
+        self._pure_scores = not getattr(self.scorer, "draws", False)
+        """The scorer's answers depend on its inputs alone (no random stream that a skipped call would not
+        advance). Its ``prepare`` reads only the state's rows, capacities and GPU models, never the free capacity,
+        so preparing it after some placements gives the same scorer."""
         self.workloads = snapshot.workloads or None
         """The active GPRs' workload selectors (None: no GPR is active, the rule costs nothing)."""
 
@@ -102,10 +106,14 @@ class ExistingNodes:
                 if cand.size == 0:
                     exhausted.add((cls.index, phase))  # capacity only shrinks during planning
                     continue
-                if not self._scorer_ready:  # prepared on first use: most plans place nothing on existing nodes
-                    self._prepare_scorer(ctx.state)
-                i = select(self.scorer, ctx.state, pod.request, cand)
-                assert i is not None
+                if cand.size == 1 and self._pure_scores:
+                    i = int(cand[0])  # the scores of one candidate choose nothing: neither prepared nor asked
+                else:
+                    if not self._scorer_ready:  # prepared on first use: most plans place nothing on existing nodes
+                        self._prepare_scorer(ctx.state)
+                    got = select(self.scorer, ctx.state, pod.request, cand)
+                    assert got is not None
+                    i = got
                 ctx.state.place(pod.request, i)
                 ctx.placements[pod.key] = self.nodes[i].name
                 placed = True

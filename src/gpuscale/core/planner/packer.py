@@ -15,7 +15,7 @@ from gpuscale.core.memo import Memo
 from gpuscale.core.model import InstanceType, NodePool, Pod
 from gpuscale.core.planner.bins import Bin
 from gpuscale.core.planner.classes import PodClass
-from gpuscale.core.planner.context import Context, NewNodes
+from gpuscale.core.planner.context import Context, NewNodes, unbounded
 from gpuscale.core.planner.feasible import ClassOptions
 from gpuscale.core.planner.options import Option
 
@@ -27,15 +27,15 @@ _Candidate = tuple[Option, int, tuple[str, str], NodePool, InstanceType, int, fl
 """An option a class may buy now: (option, its pods per empty node, (pool, type), pool, type, pool weight, price,
 whether the pool has neither maxNodes nor limits: then it always has room)."""
 
-_CANDIDATES: Memo[list[_Candidate]] = Memo(4096)
+_CANDIDATES: Memo[tuple[list[_Candidate], bool]] = Memo(4096)
 """Per (class key, option table): the class's available options, in table order, with what ranking reads of them
-(the same for every plan on that table; the table marks what is unavailable)."""
+(the same for every plan on that table; the table marks what is unavailable), and whether all their pools are
+unbounded."""
 
-
-def _unbounded(pool: NodePool) -> bool:
-    """True if the pool has neither maxNodes nor limits (:meth:`Context.headroom` is then never 0)."""
-    lim = pool.limits
-    return pool.max_nodes is None and lim.cpu_milli is None and lim.memory_mib is None and lim.gpus is None
+_ALONE: Memo[tuple[Option, int] | None] = Memo(4096)
+"""Per (class key, option table, pods left, candidate types): :meth:`GreedyPacker._best_pattern`'s choice (option,
+pods of the class per node) when no other class has pods left and every pool the class may use is unbounded. The
+choice then reads nothing else: no headroom, and the fill of a node finds no other class to add."""
 
 
 class GreedyPacker:
@@ -54,13 +54,16 @@ class GreedyPacker:
         self.table = table
         """The option table ``choices`` was built on (its identity keys the per-class candidates across plans)."""
 
-    def _candidates(self, cls: PodClass) -> list[_Candidate]:
-        def make() -> list[_Candidate]:
-            return [
-                (o, solo, (o.pool.name, o.itype.name), o.pool, o.itype, o.pool.weight, o.price, _unbounded(o.pool))
+    def _candidates(self, cls: PodClass) -> tuple[list[_Candidate], bool]:
+        """The class's candidates and whether every one of them is in an unbounded pool."""
+
+        def make() -> tuple[list[_Candidate], bool]:
+            got = [
+                (o, solo, (o.pool.name, o.itype.name), o.pool, o.itype, o.pool.weight, o.price, unbounded(o.pool))
                 for o, solo in zip(self.choices.feasible(cls), self.choices.solo(cls), strict=True)
                 if o.unavailable_until is None
             ]
+            return got, all(c[7] for c in got)
 
         if self.table is None:
             return make()
@@ -111,14 +114,36 @@ class GreedyPacker:
         compatible: dict[tuple[int, bool], list[PodClass]],
     ) -> tuple[Option, dict[int, int]] | None:
         """The cheapest-per-value way to open one node for ``cls`` (filled with whatever else fits)."""
+        candidates, unbounded_only = self._candidates(cls)
+        n_left = len(remaining[cls.index])
+        if unbounded_only and self.table is not None and not any(v for k, v in remaining.items() if k != cls.index):
+
+            def search() -> tuple[Option, int] | None:
+                found = self._search(ctx, cls, candidates, remaining, compatible)
+                return None if found is None else found[:2]
+
+            got = _ALONE.get(search, (cls.key, n_left, self.candidate_types), objects=(self.table,))
+            return None if got is None else (got[0], {cls.index: got[1]})
+        choice = self._search(ctx, cls, candidates, remaining, compatible)
+        return None if choice is None else (choice[0], choice[2])
+
+    def _search(
+        self,
+        ctx: Context,
+        cls: PodClass,
+        candidates: list[_Candidate],
+        remaining: Mapping[int, list[Pod]],
+        compatible: dict[tuple[int, bool], list[PodClass]],
+    ) -> tuple[Option, int, dict[int, int]] | None:
+        """:meth:`_best_pattern`'s search: (option, pods of ``cls`` per node, pattern)."""
         n_left = len(remaining[cls.index])
         ref = self.choices.ref_cost(cls)
         ranked: list[tuple[float, float, int, Option]] = []
         top_weight: int | None = None
         room: dict[tuple[str, str], int] = {}
         headroom = ctx.headroom
-        for o, solo_max, rk, pool, itype, weight, price, unbounded in self._candidates(cls):
-            if not unbounded:
+        for o, solo_max, rk, pool, itype, weight, price, free in candidates:
+            if not free:
                 r = room.get(rk)
                 if r is None:
                     r = room[rk] = headroom(pool, itype)
@@ -134,7 +159,7 @@ class GreedyPacker:
             return None
         ranked.sort(key=_RANK)
         best: tuple[float, float, float, int] | None = None
-        chosen: tuple[Option, dict[int, int]] | None = None
+        chosen: tuple[Option, int, dict[int, int]] | None = None
         seen_types: set[tuple[str, str]] = set()
         for _, _, _, o in ranked:
             if (o.pool.name, o.itype.name) in seen_types:
@@ -144,7 +169,7 @@ class GreedyPacker:
             score = o.price / value if value > EPS else math.inf
             key = (round(score, 9), -round(value, 9), o.price, o.index)
             if best is None or key < best:
-                best, chosen = key, (o, pattern)
+                best, chosen = key, (o, pattern[cls.index], pattern)
             if len(seen_types) >= self.candidate_types:
                 break
         return chosen

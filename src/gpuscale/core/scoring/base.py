@@ -12,6 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
+from gpuscale.core.memo import Memo
 from gpuscale.core.resources import Request
 from gpuscale.core.state import ClusterState, FloatArray, IntArray
 
@@ -32,13 +33,23 @@ class Workload:
 
     @staticmethod
     def from_requests(requests: Sequence[Request], top: int = 64) -> Workload:
-        """Empirical distribution of ``requests``, keeping the ``top`` most frequent shapes."""
+        """Empirical distribution of ``requests``, keeping the ``top`` most frequent shapes (the same object for the
+        same counts while memoised, so that scorers can memoise what they derive from it by identity)."""
         counts: dict[Request, int] = {}
         for r in requests:
             counts[r] = counts.get(r, 0) + 1
-        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], _sort_key(kv[0])))[:top]
-        total = sum(c for _, c in ranked) or 1
-        return Workload(tuple(WorkloadClass(r, c / total) for r, c in ranked))
+        return _WORKLOADS.get(lambda: _ranked(counts, top), (frozenset(counts.items()), top))
+
+
+def _ranked(counts: dict[Request, int], top: int) -> Workload:
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], _sort_key(kv[0])))[:top]
+    total = sum(c for _, c in ranked) or 1
+    return Workload(tuple(WorkloadClass(r, c / total) for r, c in ranked))
+
+
+_WORKLOADS: Memo[Workload] = Memo(1024)
+"""Workloads by their request counts (the ranking depends on nothing else): a controller plans again and again with
+the same pods pending and running."""
 
 
 def _sort_key(r: Request) -> tuple[int, int, int, int, str]:
@@ -50,7 +61,9 @@ class Scorer(Protocol):
 
     ``prepare`` is called once before a run with the cluster and the expected workload (it may precompute);
     ``score`` returns one float per entry of ``candidates`` (row indices where the request fits). Ties are broken by
-    the caller toward the lowest row index, which keeps every run deterministic.
+    the caller toward the lowest row index, which keeps every run deterministic. ``prepare`` reads only the state's
+    rows, capacities and GPU models (not its free capacity). A scorer whose ``score`` advances a random stream has a
+    true ``draws`` attribute; for any other, a caller may skip asking about a single candidate.
     """
 
     name: str

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpuscale.core.memo import Memo
 from gpuscale.core.resources import MILLI_PER_GPU, Request
 from gpuscale.core.scoring.base import Workload
 from gpuscale.core.scoring.features import gpu_left, gpu_left_after
@@ -68,6 +69,12 @@ def gpu_shapes(shapes: TypicalShapes, size_power: float) -> TypicalShapes:
     )
 
 
+_WASTE_MODELS: Memo[WasteModel] = Memo(256)
+"""Per (workload object, the state's GPU models, constants): the waste model (read-only; it depends on nothing else
+of the state). Workloads are memoised by their request counts (:meth:`Workload.from_requests`), so the same counts
+hit here."""
+
+
 class FillFrag:
     """Minus the growth of the node's expected fill waste if the request is placed there (module docstring)."""
 
@@ -81,11 +88,18 @@ class FillFrag:
 
     def prepare(self, state: ClusterState, workload: Workload | None) -> None:
         """Derive the request shapes (with memory) from ``workload`` (one whole GPU without one); reset caches."""
+        self._waste = _WASTE_MODELS.get(
+            lambda: self._waste_model(state, workload),
+            (tuple(state.models), self.coverage, self.size_power),
+            objects=(workload,),
+        )
+        self._cache.reset(state)
+
+    def _waste_model(self, state: ClusterState, workload: Workload | None) -> WasteModel:
         shapes = typical_shapes(state, workload, self.coverage, with_memory=True)
         if not (shapes.count > 0).any():
             shapes = typical_shapes(state, None)
-        self._waste = WasteModel(gpu_shapes(shapes, self.size_power))
-        self._cache.reset(state)
+        return WasteModel(gpu_shapes(shapes, self.size_power))
 
     def score(self, state: ClusterState, req: Request, candidates: IntArray) -> FloatArray:
         """Expected waste before minus after placement, per candidate (higher is better)."""

@@ -13,6 +13,8 @@ class RandomScorer:
     """Uniform random scores from a generator seeded at construction (and again by :meth:`reseed`)."""
 
     name = "random"
+    draws = True
+    """Each :meth:`score` advances the random stream (a caller may not skip a call whose answer it knows)."""
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
