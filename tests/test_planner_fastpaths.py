@@ -3,13 +3,17 @@ the same plan on random snapshots (pools bounded or not, several classes, gangs,
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from builders import itype, node, pod, pool
 from gpuscale.core.model import Catalog, Snapshot
 from gpuscale.core.plan import PlannerConfig, ScaleUpPlan
-from gpuscale.core.planner import driver, existing, packer
+from gpuscale.core.planner import driver, existing, milp, packer
 from gpuscale.core.scoring import base, fillfrag
 from gpuscale.core.scoring.fillfrag import FillFrag
 from test_planner_properties import snapshots
@@ -28,6 +32,7 @@ def _slow(monkeypatch: pytest.MonkeyPatch) -> None:
     for memo in (packer._ALONE, base._WORKLOADS, fillfrag._WASTE_MODELS):
         monkeypatch.setattr(memo, "get", lambda make, values=(), objects=(): make())
     monkeypatch.setattr(driver, "unbounded", lambda _pool: False)
+    monkeypatch.setattr(milp, "_cover_cost", lambda *_: -math.inf)
     monkeypatch.setattr(existing, "make_scorer", lambda name: _AlwaysAsked() if name == "fill-frag" else _make(name))
 
 
@@ -91,3 +96,31 @@ def test_workload_memo_gives_the_same_object_for_the_same_counts() -> None:
     assert w1 is w2
     assert w1 == base._ranked({a: 2, b: 1}, 64)
     assert base.Workload.from_requests([a, b, b]) != w1
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0.1, 5.0), st.integers(0, 3), st.integers(0, 3)).filter(lambda c: c[1] or c[2]),
+        min_size=1,
+        max_size=4,
+    ),
+    st.integers(0, 3),
+    st.integers(1, 3),
+)
+def test_cover_cost_is_the_least_cost_of_any_cover(cols: list[tuple[float, int, int]], d0: int, d1: int) -> None:
+    """The integer program's skip bound: the exact least cost of copies of the columns holding the demand."""
+    columns = [(price, {0: a, 1: b}) for price, a, b in cols]
+    best = math.inf
+    for counts in itertools.product(range(d0 + d1 + 1), repeat=len(cols)):
+        if (
+            sum(n * a for n, (_, a, _) in zip(counts, cols, strict=True)) >= d0
+            and sum(n * b for n, (_, _, b) in zip(counts, cols, strict=True)) >= d1
+        ):
+            best = min(best, sum(n * price for n, (price, _, _) in zip(counts, cols, strict=True)))
+    got = milp._cover_cost(columns, [0, 1], {0: d0, 1: d1})
+    assert got == pytest.approx(best) if math.isfinite(best) else got == math.inf
+
+
+def test_cover_cost_gives_no_bound_on_large_demands() -> None:
+    assert milp._cover_cost([(1.0, {0: 1})], [0], {0: 5000}) == -math.inf

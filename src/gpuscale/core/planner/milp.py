@@ -34,6 +34,48 @@ def _realizable(opt: Option, pattern: Mapping[int, int], classes: Mapping[int, P
     return True
 
 
+_COVER_STATES = 4096
+"""At most this many demand vectors for :func:`_cover_cost` (beyond, it gives no bound and the solver runs)."""
+
+
+def _cover_cost(
+    columns: Sequence[tuple[float, Mapping[int, int]]], classes: Sequence[int], demand: Mapping[int, int]
+) -> float:
+    """The least cost of any number of copies of the ``columns`` (price, pods per class) that hold ``demand``: a
+    lower bound of the integer program (which also has pool rows and column bounds), exact by dynamic programming
+    over the demand still to cover; ``-inf`` (no bound) when there are too many demand vectors, ``inf`` when no
+    columns hold the demand.
+
+    Any cover of a demand vector uses a column holding its first class still short; without that column, the rest
+    covers what is left of the demand, so the least cost of a vector is the least, over such columns, of the
+    column's price plus the least cost of what it leaves."""
+    need = tuple(demand[k] for k in classes)
+    states = 1
+    for d in need:
+        states *= d + 1
+    if states > _COVER_STATES or sum(need) > 256:
+        return -np.inf
+    vectors = [(price, tuple(p.get(k, 0) for k in classes)) for price, p in columns]
+    by_class = [[(price, v) for price, v in vectors if v[j] > 0] for j in range(len(classes))]
+    best: dict[tuple[int, ...], float] = {}
+
+    def cost(left: tuple[int, ...]) -> float:
+        got = best.get(left)
+        if got is not None:
+            return got
+        j = next((i for i, d in enumerate(left) if d > 0), -1)
+        if j < 0:
+            return 0.0
+        got = np.inf
+        for price, v in by_class[j]:
+            rest = tuple(d - c if d > c else 0 for d, c in zip(left, v, strict=True))
+            got = min(got, price + cost(rest))
+        best[left] = got
+        return got
+
+    return float(cost(need))
+
+
 _MILP_SOLUTIONS: Memo[npt.NDArray[np.int64] | None] = Memo(512)
 """Solutions by the exact bytes of the integer program (same program, same answer)."""
 
@@ -120,6 +162,8 @@ def improve_with_milp(
             add(o, pattern)
     if len(columns) > 20000:
         return None
+    if _cover_cost([(o.price, p) for o, p in columns], classes, demand) >= greedy_cost - 1e-6 + 1e-9:
+        return None  # no solution over these columns is cheaper, so the solver's could not be either
     try:
         from scipy.optimize import Bounds, LinearConstraint, milp  # imported only when a program is solved
     except ImportError:  # optional dependency
