@@ -28,8 +28,10 @@ from gpuscale.core.disruption.repack import (
     repack_inputs,
     young_nodes,
 )
-from gpuscale.core.model import Catalog, ConsolidationPolicy, Disruption, NodePool
+from gpuscale.core.disruption.spotswap import SpotSwapRule, spot_replacement, swap_spot
+from gpuscale.core.model import CapacityType, Catalog, ConsolidationPolicy, Disruption, Node, NodePool, OfferingKey
 from gpuscale.core.resources import Resources
+from gpuscale.core.templates import template_labels
 from gpuscale.errors import InputError
 from gpuscale.sim.commands import simulate_policy
 from gpuscale.sim.scenario import parse_scenario
@@ -242,3 +244,74 @@ def test_evict_max_pod_age_keeps_the_node_of_an_old_pod() -> None:
     _, gone, _ = _sim(", evictMaxPodAge: 10m")  # the small pod is 20 minutes old when the room appears
     assert gone == float("inf")
     assert _sim(", evictMaxPodAge: 1h")[1] < float("inf")
+
+
+# ------------------------------------------------------------------------------------------------ spot to spot
+SPOT_CAT = catalog(
+    itype("big", 28, 112, 1, "P100", price=3.0, spot=0.26),
+    itype("small", 8, 60, 1, "P100", price=1.8, spot=0.17),
+    itype("tiny", 4, 30, 1, "P100", price=1.5, spot=0.14),
+)
+SPOT_POOL = _pool()
+
+
+def _spot_node(name: str = "n1", itype_name: str = "big", ct: str = "spot") -> Node:
+    it = SPOT_CAT.by_name()[itype_name]
+    off = next(o for o in it.offerings if str(o.capacity_type) == ct)
+    n = node(name, it.vcpus * 1000, it.memory_mib, 1, "P100", labels=template_labels(SPOT_POOL, it, off))
+    return replace(n, pool="gpu")
+
+
+def _kept(name: str = "n1", why: KeepReason = KeepReason.NO_REPLACEMENT) -> DisruptionPlan:
+    return DisruptionPlan((), (Kept(name, "gpu", why, "m", DisruptionReason.UNDERUTILIZED),), {"n1": 0.0})
+
+
+@pytest.mark.parametrize(
+    ("cpu", "milli", "want"),
+    [
+        (6000, 300, "small"),  # 30 % of the GPU: the cheapest spot node taking it ($0.17 <= 0.7 x $0.26)
+        (3000, 300, "tiny"),
+        (6000, 400, None),  # 40 %: $0.17 > 0.6 x $0.26 = $0.156, the saving does not cover the work at risk
+        (20000, 300, None),  # needs the big node's CPUs
+    ],
+)
+def test_spot_replacement_is_the_cheapest_spot_node_within_the_share_bound(cpu: int, milli: int, want: str) -> None:
+    n = _spot_node()
+    p = pod("p", cpu=cpu, milli=milli, node="n1")
+    r = spot_replacement(n, SPOT_POOL, [p], SPOT_CAT, 0.0, {})
+    assert (r.instance_type if r else None) == want
+    if r is not None:
+        assert str(r.capacity_type) == "spot" and r.pods == ("default/p",)
+
+
+def test_swap_spot_replaces_one_kept_spot_node_and_leaves_the_rest() -> None:
+    n = _spot_node()
+    p = pod("p", cpu=3000, milli=200, node="n1")
+    pools = {"gpu": SPOT_POOL}
+    out = swap_spot(_kept(), [n], [p], pools, SPOT_CAT, 100.0, {}, SpotSwapRule(), {})
+    (a,) = out.actions
+    assert a.kind is ActionKind.REPLACE and a.node == "n1" and a.replacements[0].instance_type == "tiny"
+    assert a.savings_per_hour == pytest.approx(0.26 - 0.14) and out.kept == ()
+    # not on: an on-demand node, another keep reason, a plan that acts, old pods, an offering marked unavailable
+    od = _spot_node(ct="on-demand")
+    assert swap_spot(_kept(), [od], [p], pools, SPOT_CAT, 100.0, {}, SpotSwapRule(), {}).actions == ()
+    budget = _kept(why=KeepReason.BUDGET)
+    assert swap_spot(budget, [n], [p], pools, SPOT_CAT, 100.0, {}, SpotSwapRule(), {}) is budget
+    acting = DisruptionPlan((_act("n2", DisruptionReason.EMPTY, ()),), _kept().kept, {})
+    assert swap_spot(acting, [n], [p], pools, SPOT_CAT, 100.0, {}, SpotSwapRule(), {}) is acting
+    young = SpotSwapRule(max_pod_age_s=600.0)
+    assert swap_spot(_kept(), [n], [p], pools, SPOT_CAT, 1000.0, {}, young, {"default/p": 0.0}).actions == ()
+    assert swap_spot(_kept(), [n], [p], pools, SPOT_CAT, 1000.0, {}, young, {"default/p": 900.0}).actions
+    gone = {OfferingKey(t, "z1", CapacityType.SPOT): 1e9 for t in ("tiny", "small")}
+    assert swap_spot(_kept(), [n], [p], pools, SPOT_CAT, 100.0, gone, SpotSwapRule(), {}).actions == ()
+
+
+def test_spot_to_spot_setting() -> None:
+    assert ControllerConfig.from_policy({}).spot_to_spot is None
+    assert ControllerConfig.from_policy({"spotToSpot": True}).spot_to_spot == SpotSwapRule()
+    got = ControllerConfig.from_policy({"spotToSpot": {"maxPodAge": "1h"}}).spot_to_spot
+    assert got == SpotSwapRule(3600.0)
+    for bad, where in (("x", "policy.spotToSpot"), ({"age": 1}, "policy.spotToSpot.age")):
+        with pytest.raises(InputError) as err:
+            ControllerConfig.from_policy({"spotToSpot": bad})
+        assert where in str(err.value) and "\n" not in str(err.value)

@@ -9,6 +9,7 @@ from typing import Any
 
 from gpuscale.controller import policyopts, repackopts
 from gpuscale.core.disruption.repack import PodAgeRule, RepackRule
+from gpuscale.core.disruption.spotswap import SpotSwapRule
 from gpuscale.core.disruption.workcost import WorkCostRule
 from gpuscale.core.emptywait import EmptyWaitSpec
 from gpuscale.core.headroom import HeadroomSpec
@@ -74,6 +75,8 @@ class ControllerConfig:
     """Underutilized consolidations never evict a pod bound longer (``evictMaxPodAge``; None: off)."""
     repack: RepackRule | None = None
     """Nodes in flight take the young pods of underutilised nodes (``repack``; None: off)."""
+    spot_to_spot: SpotSwapRule | None = None
+    """A kept spot node may be replaced by a cheaper spot node (``spotToSpot``; None: off)."""
     empty_wait: EmptyWaitSpec | None = None
     """Per-node empty wait from price and fitting arrivals (``emptyWait``; None: off)."""
 
@@ -152,6 +155,8 @@ class ControllerConfig:
                 kw["evict_max_pod_age"] = repackopts.evict_max_pod_age(value, path)
             elif key == "repack":
                 kw["repack"] = repackopts.repack(value, path)
+            elif key == "spotToSpot":
+                kw["spot_to_spot"] = repackopts.spot_to_spot(value, path)
             elif key == "emptyWait":
                 kw["empty_wait"] = policyopts.empty_wait(value, path)
             elif key == "poolDeadlines":
@@ -171,6 +176,7 @@ class ControllerConfig:
                     "emptyWait",
                     "evictMaxPodAge",
                     "repack",
+                    "spotToSpot",
                     "name",
                     "settle",
                     "reconcileInterval",

@@ -139,10 +139,11 @@ class OptionsController(Controller):
         disrupting: set[str],
         since: Mapping[str, float],
         w: World,
+        *memo: Any,
     ) -> DisruptionPlan:
         if self.warm:
             candidates = candidates - self.warm
-        dp = super()._disruption_pass(inputs, candidates, disrupting, since, w)
+        dp = super()._disruption_pass(inputs, candidates, disrupting, since, w, *memo)
         rule = self.config.eviction_cost
         if rule is not None and dp.actions:
             started = {k: t for k, (_, t) in self.bound_since.items()}

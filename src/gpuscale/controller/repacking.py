@@ -1,10 +1,13 @@
-"""The controller side of ``evictMaxPodAge`` and ``repack`` (:mod:`gpuscale.core.disruption.repack`): applied by
+"""The controller side of ``evictMaxPodAge``, ``repack`` (:mod:`gpuscale.core.disruption.repack`) and
+``spotToSpot`` (:mod:`gpuscale.core.disruption.spotswap`): applied by
 :class:`~gpuscale.controller.options.OptionsController` to each consolidation pass's plan.
 
 * ``evictMaxPodAge``: the pass's Underutilized actions that would evict a pod bound for longer are dropped.
 * ``repack``: when the ordinary pass decided nothing and nodes are being launched for pending pods (not as
   replacements), a second pass over the young underutilised candidates (every pod bound at most ``maxPodAge``)
   counts the room those nodes will have left after the pods they were launched for; its deletions are carried out.
+* ``spotToSpot``: when the pass (and repack) decided nothing, one spot node kept for want of a cheaper replacement
+  is replaced by a cheaper spot node that takes all its pods.
 
 Pod ages are the controller's first-bound times (``OptionsController.bound_since``).
 """
@@ -25,6 +28,7 @@ from gpuscale.core.disruption.repack import (
     repack_inputs,
     young_nodes,
 )
+from gpuscale.core.disruption.spotswap import swap_spot
 from gpuscale.core.nodeclaim import IN_FLIGHT
 
 if TYPE_CHECKING:
@@ -33,7 +37,7 @@ if TYPE_CHECKING:
 
 def uses_config(cfg: ControllerConfig) -> bool:
     """True if ``evictMaxPodAge`` or ``repack`` is on."""
-    return cfg.evict_max_pod_age is not None or cfg.repack is not None
+    return cfg.evict_max_pod_age is not None or cfg.repack is not None or cfg.spot_to_spot is not None
 
 
 def uses_ages(ctrl: Controller) -> bool:
@@ -57,6 +61,18 @@ def apply_rules(
         dp = hold_old_pods(dp, started, cfg.evict_max_pod_age, w.now)
     if cfg.repack is not None and not dp.actions:
         dp = _repack(ctrl, cfg.repack, dp, inputs, candidates, disrupting, since, w, started)
+    if cfg.spot_to_spot is not None and not dp.actions and dp.kept:
+        dp = swap_spot(
+            dp,
+            inputs.nodes,
+            inputs.pods,
+            ctrl.pools,
+            ctrl.catalog,
+            w.now,
+            inputs.unavailable,
+            cfg.spot_to_spot,
+            started,
+        )
     return dp
 
 

@@ -1,0 +1,119 @@
+"""Spot-to-spot replacement (an option, off by default): a consolidation pass never replaces a spot node by another
+spot node, so a spot node whose pods are too small for it (a small pod that landed on a big warm node) and fit on no
+cheaper on-demand node stays until its pods end. :func:`swap_spot` turns one such kept node per pass into a
+replacement by the cheapest spot offering of its pool that takes *all* its pods (so no other node's room is used)
+and that costs at most ``(1 - share)`` of the node's price, ``share`` being the node's share its pods request.
+
+Why that bound: runtimes are heavy-tailed, so the pods will likely run about as long again as they have run; the
+work lost by evicting them is worth ``share x price`` per hour run, the saving ``price - new price`` per hour to
+come. The swap pays on those terms when ``price - new price >= share x price``; no tuning constant.
+
+The caller runs it only on a pass that decided nothing, so budgets and PDBs stand as the pass checked them: a node
+kept with ``NoCheaperReplacement`` passed every blocker (wait, do-not-disrupt, PDBs, budgets) before the search.
+Pools with ``limits`` are left alone (their totals are the planner's to count). Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpuscale.core import labels as L
+from gpuscale.core.disruption.candidates import node_price, request_share, sort_pods
+from gpuscale.core.disruption.replacement import fits_one_node, pool_offerings
+from gpuscale.core.disruption.values import (
+    ActionKind,
+    DisruptionAction,
+    DisruptionPlan,
+    DisruptionReason,
+    KeepReason,
+    Replacement,
+)
+from gpuscale.core.model import CapacityType, Catalog, Node, NodePool, OfferingKey, Pod
+
+SPOT = str(CapacityType.SPOT)
+
+
+@dataclass(frozen=True, slots=True)
+class SpotSwapRule:
+    """``max_pod_age_s``: only nodes whose pods were all bound at most this long ago (None: any age)."""
+
+    max_pod_age_s: float | None = None
+
+
+def spot_replacement(
+    node: Node,
+    pool: NodePool,
+    pods: Sequence[Pod],
+    catalog: Catalog,
+    now: float,
+    unavailable: Mapping[OfferingKey, float],
+) -> Replacement | None:
+    """The cheapest spot offering of ``pool`` taking all ``pods`` at most ``(1 - share) x`` the node's price."""
+    price = node_price(node, catalog)
+    ceiling = price * (1.0 - request_share(node, pods))
+    for po in pool_offerings(pool, catalog, now, unavailable, (CapacityType.SPOT,)):
+        if po.price > ceiling + 1e-12:
+            return None
+        if fits_one_node(pods, po.labels, pool.taints, po.allocatable):
+            return Replacement(
+                pool.name,
+                po.instance_type.name,
+                po.offering.zone,
+                po.offering.capacity_type,
+                po.price,
+                po.allocatable,
+                tuple(p.key for p in sort_pods(pods)),
+            )
+    return None
+
+
+def swap_spot(
+    plan: DisruptionPlan,
+    nodes: Sequence[Node],
+    pods: Sequence[Pod],
+    pools: Mapping[str, NodePool],
+    catalog: Catalog,
+    now: float,
+    unavailable: Mapping[OfferingKey, float],
+    rule: SpotSwapRule,
+    started: Mapping[str, float],
+) -> DisruptionPlan:
+    """``plan`` (which decided nothing) with its first kept spot node that has a spot replacement replaced; the
+    plan itself if none or if it has actions."""
+    if plan.actions:
+        return plan
+    by_name = {n.name: n for n in nodes}
+    counts: dict[str, int] = {}
+    for n in nodes:
+        if n.pool is not None:
+            counts[n.pool] = counts.get(n.pool, 0) + 1
+    for i, k in enumerate(plan.kept):
+        if k.reason is not KeepReason.NO_REPLACEMENT:
+            continue
+        node, pool = by_name.get(k.node), pools.get(k.pool)
+        if node is None or pool is None or node.labels.get(L.CAPACITY_TYPE) != SPOT or pool.limits.bounded:
+            continue
+        if pool.max_nodes is not None and counts.get(pool.name, 0) + 1 > pool.max_nodes:
+            continue
+        wl = [p for p in pods if p.node_name == node.name and not p.is_daemonset]
+        if not wl:
+            continue
+        if rule.max_pod_age_s is not None and any(
+            (t := started.get(p.key)) is None or now - t > rule.max_pod_age_s for p in wl
+        ):
+            continue
+        r = spot_replacement(node, pool, wl, catalog, now, unavailable)
+        if r is None:
+            continue
+        price = node_price(node, catalog)
+        reason = k.candidate if k.candidate is not None else DisruptionReason.UNDERUTILIZED
+        msg = (
+            f"{reason.value.lower()}; replace by {r.instance_type} spot in {r.zone} (${r.hourly_price:.4g}/h instead "
+            f"of ${price:.4g}/h: spot to spot, at most {1 - request_share(node, wl):.0%} of its price)"
+        )
+        action = DisruptionAction(
+            ActionKind.REPLACE, node.name, pool.name, reason, msg, r.pods, (r,), price - r.hourly_price
+        )
+        return DisruptionPlan((action,), plan.kept[:i] + plan.kept[i + 1 :], plan.since)
+    return plan
