@@ -80,7 +80,11 @@ class ExistingNodes:
         if got is None:
             groups: dict[tuple[object, ...], list[int]] = {}
             for i, n in enumerate(self.nodes):
-                sig = (tuple(n.labels.get(k) for k in keys), n.taints, n.unschedulable)
+                sig = (
+                    (tuple(n.labels.get(k) for k in keys), n.taints, n.unschedulable)
+                    if keys
+                    else (n.taints, n.unschedulable)
+                )
                 groups.setdefault(sig, []).append(i)
             got = [np.array(v, dtype=np.int64) for v in groups.values()]
             self._groups_cache[keys] = got

@@ -11,9 +11,12 @@ from gpuscale.core.planner.options import Option, solo_count
 from gpuscale.core.predicates import static_failure
 from gpuscale.core.state import IntArray
 
-_CLASS_OPTIONS: Memo[tuple[list[int], list[int], float]] = Memo(4096)
+_Hosts = tuple[float, float] | None
+
+_CLASS_OPTIONS: Memo[tuple[list[int], list[int], float, _Hosts]] = Memo(4096)
 """Per (class key, option table), the same for every plan: the indices of the options the class may use, how many of
-its pods fit an empty node of each, and its reference cost (see :meth:`ClassOptions.ref_cost`)."""
+its pods fit an empty node of each, its reference cost (see :meth:`ClassOptions.ref_cost`) and
+:meth:`ClassOptions.hosts`."""
 
 
 _Columns = tuple[IntArray, IntArray, IntArray, IntArray, list[str | None]]
@@ -40,22 +43,24 @@ class ClassOptions:
         self.opt_cpu, self.opt_mem, self.opt_gpus, self.opt_pods, self.opt_models = _COLUMNS.get(
             lambda: _columns(table), objects=(table,)
         )
-        self._class_opts: dict[int, tuple[list[Option], list[int], float]] = {}
-        """Per class index: its feasible options, pods per empty node of each, reference cost."""
+        self._class_opts: dict[int, tuple[list[Option], list[int], float, _Hosts]] = {}
+        """Per class index: its feasible options, pods per empty node of each, reference cost, hosts."""
 
     def feasible(self, cls: PodClass) -> list[Option]:
         """Options whose template passes the class's predicates and holds one pod (available or not)."""
         return self._options_of(cls)[0]
 
-    def _options_of(self, cls: PodClass) -> tuple[list[Option], list[int], float]:
+    def _options_of(self, cls: PodClass) -> tuple[list[Option], list[int], float, _Hosts]:
         got = self._class_opts.get(cls.index)
         if got is None:
-            indices, solos, ref = _CLASS_OPTIONS.get(lambda: self._class_options(cls), cls.key, objects=(self._table,))
-            got = self._class_opts[cls.index] = ([self.options[i] for i in indices], solos, ref)
+            indices, solos, ref, hosts = _CLASS_OPTIONS.get(
+                lambda: self._class_options(cls), cls.key, objects=(self._table,)
+            )
+            got = self._class_opts[cls.index] = ([self.options[i] for i in indices], solos, ref, hosts)
         return got
 
-    def _class_options(self, cls: PodClass) -> tuple[list[int], list[int], float]:
-        """(:meth:`_feasible_indices`, pods per empty node of each, reference cost) of a class."""
+    def _class_options(self, cls: PodClass) -> tuple[list[int], list[int], float, _Hosts]:
+        """(:meth:`_feasible_indices`, pods per empty node of each, reference cost, hosts) of a class."""
         indices = self._feasible_indices(cls)
         solos = [solo_count(self.options[i], cls.request) for i in indices]
         costs = [
@@ -63,7 +68,13 @@ class ClassOptions:
             for i, n in zip(indices, solos, strict=True)
             if self.options[i].unavailable_until is None
         ]
-        return indices, solos, min(costs) if costs else 0.0
+        hosts = [
+            (self.options[i].price, self.options[i].price / n)
+            for i, n in zip(indices, solos, strict=True)
+            if self.options[i].unavailable_until is None and n > 0
+        ]
+        bounds = (min(p for p, _ in hosts), min(r for _, r in hosts)) if hosts else None
+        return indices, solos, min(costs) if costs else 0.0, bounds
 
     def _feasible_indices(self, cls: PodClass) -> list[int]:
         """Indices into the option table of the options :meth:`feasible` returns."""
@@ -102,3 +113,8 @@ class ClassOptions:
     def ref_cost(self, cls: PodClass) -> float:
         """The cheapest stand-alone $/h per pod of the class (its value when packed)."""
         return self._options_of(cls)[2]
+
+    def hosts(self, cls: PodClass) -> tuple[float, float] | None:
+        """Over the options available now that hold a pod of the class: (the least price, the least price per pod
+        of an empty node); None without such options."""
+        return self._options_of(cls)[3]

@@ -111,14 +111,9 @@ def improve_with_milp(
     # solver is then neither imported nor run: a pods-only round of one class, the common case, never needs SciPy).
     floor = 0.0
     for k in classes:
-        cls = cls_by_index[k]
-        hosts = [
-            (o.price, o.price / n)
-            for o, n in zip(choices.feasible(cls), choices.solo(cls), strict=True)
-            if o.unavailable_until is None and n > 0
-        ]
-        if hosts:
-            floor = max(floor, min(p for p, _ in hosts), demand[k] * min(r for _, r in hosts))
+        hosts = choices.hosts(cls_by_index[k])
+        if hosts is not None:
+            floor = max(floor, hosts[0], demand[k] * hosts[1])
     if greedy_cost <= floor * (1 + 1e-12) + 1e-9:
         return None
     columns: list[tuple[Option, dict[int, int]]] = []
