@@ -280,6 +280,8 @@ def test_spot_replacement_is_the_cheapest_spot_node_within_the_share_bound(cpu: 
     p = pod("p", cpu=cpu, milli=milli, node="n1")
     r = spot_replacement(n, SPOT_POOL, [p], SPOT_CAT, 0.0, {})
     assert (r.instance_type if r else None) == want
+    cpu_only = pod("c", cpu=cpu, node="n1")  # a GPU node running only CPU pods: share 0, but never the same price
+    assert spot_replacement(_spot_node(itype_name="tiny"), SPOT_POOL, [cpu_only], SPOT_CAT, 0.0, {}) is None
     if r is not None:
         assert str(r.capacity_type) == "spot" and r.pods == ("default/p",)
 

@@ -49,11 +49,12 @@ def spot_replacement(
     now: float,
     unavailable: Mapping[OfferingKey, float],
 ) -> Replacement | None:
-    """The cheapest spot offering of ``pool`` taking all ``pods`` at most ``(1 - share) x`` the node's price."""
+    """The cheapest spot offering of ``pool`` taking all ``pods``, cheaper than the node and at most ``(1 - share) x``
+    its price."""
     price = node_price(node, catalog)
-    ceiling = price * (1.0 - request_share(node, pods))
+    ceiling = min(price * (1.0 - request_share(node, pods)), price - 1e-6)  # strictly cheaper
     for po in pool_offerings(pool, catalog, now, unavailable, (CapacityType.SPOT,)):
-        if po.price > ceiling + 1e-12:
+        if po.price > ceiling:
             return None
         if fits_one_node(pods, po.labels, pool.taints, po.allocatable):
             return Replacement(
