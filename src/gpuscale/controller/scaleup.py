@@ -54,6 +54,8 @@ class ScaleUpSteps(ShellBase):
         """(real pending pods, pods of draining nodes shown to the planner as pending)."""
         real = [p for p in w.unbound() if p.phase == "Pending" and not p.is_daemonset]
         leaving = {c.node_name for _, c in self.claims.in_phases(LEAVING) if c.node_name}
+        if not leaving:
+            return real, []
         by_node = w.by_node()
         virtual = [
             replace(p, node_name=None, phase="Pending")
@@ -80,8 +82,9 @@ class ScaleUpSteps(ShellBase):
         real, virtual = self._pending(w)
         closed = st.batch.update((p.key for p in real), now)
         in_flight: tuple[set[str], set[str]] | None = None
-        if (real or virtual) and (closed or st.force):
-            in_flight = self._in_flight()
+        static = st.memo.static_blocked
+        if (virtual or any(p.key not in static for p in real)) and (closed or st.force):
+            in_flight = self._in_flight()  # read only by the cover check (not when only static blocks are pending)
         verdict = gate_scale_up(
             real,
             virtual,

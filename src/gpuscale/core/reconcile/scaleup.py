@@ -186,7 +186,7 @@ def gate_scale_up(
     schedulable node. ``signature`` is called (with the pods to plan for) only when it is compared."""
     pending = frozenset(p.key for p in real) | frozenset(p.key for p in virtual)
     if not real and not virtual:
-        return GateVerdict(Gate.IDLE, (), replace(memo, planned_on_node={}), pending)
+        return GateVerdict(Gate.IDLE, (), replace(memo, planned_on_node={}) if memo.planned_on_node else memo, pending)
     if not batch_closed and not force:
         return GateVerdict(Gate.WAIT, tuple(real), memo, pending)
     static = memo.static_blocked & pending
