@@ -317,3 +317,14 @@ def test_spot_to_spot_setting() -> None:
         with pytest.raises(InputError) as err:
             ControllerConfig.from_policy({"spotToSpot": bad})
         assert where in str(err.value) and "\n" not in str(err.value)
+
+
+def test_swap_spot_acts_on_one_node_and_leaves_the_other_swappable_ones_unkept() -> None:
+    a, b, c = _spot_node("a"), _spot_node("b"), _spot_node("c", itype_name="tiny")
+    pods = [pod("p", cpu=3000, milli=200, node="a"), pod("q", cpu=3000, milli=200, node="b")]
+    pods.append(pod("r", cpu=3000, milli=200, node="c"))  # already the cheapest: stays kept
+    kept = tuple(Kept(n, "gpu", KeepReason.NO_REPLACEMENT, "m", DisruptionReason.UNDERUTILIZED) for n in "abc")
+    out = swap_spot(
+        DisruptionPlan((), kept, {}), [a, b, c], pods, {"gpu": SPOT_POOL}, SPOT_CAT, 0.0, {}, SpotSwapRule(), {}
+    )
+    assert [x.node for x in out.actions] == ["a"] and [k.node for k in out.kept] == ["c"]

@@ -30,6 +30,7 @@ from gpuscale.core.disruption.values import (
     Replacement,
 )
 from gpuscale.core.model import CapacityType, Catalog, Node, NodePool, OfferingKey, Pod
+from gpuscale.core.resources import Resources
 
 SPOT = str(CapacityType.SPOT)
 
@@ -81,7 +82,8 @@ def swap_spot(
     started: Mapping[str, float],
 ) -> DisruptionPlan:
     """``plan`` (which decided nothing) with its first kept spot node that has a spot replacement replaced; the
-    plan itself if none or if it has actions."""
+    plan itself if none or if it has actions. The other kept nodes that have one leave the kept list too (they are
+    neither acted on nor kept: a later pass takes them, and no caller rests them as if nothing could be done)."""
     if plan.actions:
         return plan
     by_name = {n.name: n for n in nodes}
@@ -89,16 +91,26 @@ def swap_spot(
     for n in nodes:
         if n.pool is not None:
             counts[n.pool] = counts.get(n.pool, 0) + 1
-    for i, k in enumerate(plan.kept):
-        if k.reason is not KeepReason.NO_REPLACEMENT:
+    looked = {
+        k.node
+        for k in plan.kept
+        if k.reason is KeepReason.NO_REPLACEMENT and by_name.get(k.node, _NO_NODE).labels.get(L.CAPACITY_TYPE) == SPOT
+    }
+    if not looked:
+        return plan
+    by_node: dict[str, list[Pod]] = {}
+    for p in pods:
+        if p.node_name in looked and not p.is_daemonset:
+            by_node.setdefault(p.node_name, []).append(p)
+    action: DisruptionAction | None = None
+    swappable: set[str] = set()
+    for k in plan.kept:
+        if k.node not in looked:
             continue
-        node, pool = by_name.get(k.node), pools.get(k.pool)
-        if node is None or pool is None or node.labels.get(L.CAPACITY_TYPE) != SPOT or pool.limits.bounded:
+        node, pool, wl = by_name[k.node], pools.get(k.pool), by_node.get(k.node, [])
+        if pool is None or pool.limits.bounded or not wl:
             continue
         if pool.max_nodes is not None and counts.get(pool.name, 0) + 1 > pool.max_nodes:
-            continue
-        wl = [p for p in pods if p.node_name == node.name and not p.is_daemonset]
-        if not wl:
             continue
         if rule.max_pod_age_s is not None and any(
             (t := started.get(p.key)) is None or now - t > rule.max_pod_age_s for p in wl
@@ -107,14 +119,20 @@ def swap_spot(
         r = spot_replacement(node, pool, wl, catalog, now, unavailable)
         if r is None:
             continue
-        price = node_price(node, catalog)
-        reason = k.candidate if k.candidate is not None else DisruptionReason.UNDERUTILIZED
-        msg = (
-            f"{reason.value.lower()}; replace by {r.instance_type} spot in {r.zone} (${r.hourly_price:.4g}/h instead "
-            f"of ${price:.4g}/h: spot to spot, at most {1 - request_share(node, wl):.0%} of its price)"
-        )
-        action = DisruptionAction(
-            ActionKind.REPLACE, node.name, pool.name, reason, msg, r.pods, (r,), price - r.hourly_price
-        )
-        return DisruptionPlan((action,), plan.kept[:i] + plan.kept[i + 1 :], plan.since)
-    return plan
+        swappable.add(k.node)
+        if action is None:
+            price = node_price(node, catalog)
+            reason = k.candidate if k.candidate is not None else DisruptionReason.UNDERUTILIZED
+            msg = (
+                f"{reason.value.lower()}; replace by {r.instance_type} spot in {r.zone} (${r.hourly_price:.4g}/h "
+                f"instead of ${price:.4g}/h: spot to spot, at most {1 - request_share(node, wl):.0%} of its price)"
+            )
+            action = DisruptionAction(
+                ActionKind.REPLACE, node.name, pool.name, reason, msg, r.pods, (r,), price - r.hourly_price
+            )
+    if action is None:
+        return plan
+    return DisruptionPlan((action,), tuple(k for k in plan.kept if k.node not in swappable), plan.since)
+
+
+_NO_NODE = Node(name="", allocatable=Resources())
