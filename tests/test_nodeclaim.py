@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 
@@ -112,6 +112,25 @@ def test_full_happy_path_and_history() -> None:
         P.GONE,
     ]
     assert not c.alive and not c.in_flight
+
+
+def test_a_transition_keeps_every_other_field() -> None:
+    """transition spells out every field of NodeClaim: one added later must be carried over too."""
+    c = replace(
+        claim(),
+        created_at=7.0,
+        hourly_price=1.5,
+        pods=("default/p",),
+        replaces="old-node",
+        deadlines=Deadlines(1, 2, 3),
+    )
+    after = transition(c, E.LAUNCHED, 200.0, node_id="i-1", node_name="n1")
+    changed = {"phase", "since", "reason", "node_id", "node_name", "history"}
+    assert after == replace(c, **{f.name: getattr(after, f.name) for f in fields(NodeClaim) if f.name in changed})
+    copied = {"request_id", "pool", "instance_type", "zone", "capacity_type", "created_at", "expected"}
+    copied |= {"hourly_price", "pods", "replaces", "deadlines"}
+    assert {f.name for f in fields(NodeClaim)} == changed | copied, "a new NodeClaim field: copy it in transition()"
+    assert (after.phase, after.since, after.reason, after.node_id) == (P.LAUNCHED, 200.0, "Launched", "i-1")
 
 
 def test_keeps_node_identity_when_not_given() -> None:

@@ -38,7 +38,7 @@ class World:
         self.cloud = SimCloud(self.eng, CAT, FIXED_CLOUD, listener=self.cluster)
         self.choose_calls = 0
         if not memo:  # every known shape looks as if it might fit: each pending pod is tried in full
-            self.cluster._fits_any = lambda sp, rows: True  # type: ignore[method-assign]
+            self.cluster._fits_any = lambda req, sig, rows: True  # type: ignore[method-assign]
         choose = self.cluster._choose
 
         def counted(sp: object) -> int | None:
@@ -125,3 +125,21 @@ def test_a_shape_that_fit_nowhere_is_not_tried_again_until_a_node_gains_room() -
     bound = {p.name for p in w.cluster.list_pods() if p.node_name is not None}
     assert bound == {"g1"}
     assert w.choose_calls > calls
+
+
+def test_failures_are_kept_across_a_pass_of_new_pods_only() -> None:
+    w = World(memo=True)
+    w.apply(("launch", 0, 0))  # one t4-1 (GPU pool, tainted)
+    w.eng.run_until(w.eng.now() + 600.0)
+    for i in range(2):
+        w.cluster.add_pod(_gpu(f"g{i}"), 5000.0)
+    w.eng.run_until(w.eng.now())
+    calls = w.choose_calls
+    w.cluster.add_pod(pod("c", cpu=1000, mem=1024), 5000.0)  # a pass of the new pod only: fits no node yet
+    w.eng.run_until(w.eng.now())
+    assert w.choose_calls == calls + 1
+    w.apply(("launch", 3, 0))  # a CPU node registers: a full pass, in which only c fits the row that grew
+    w.eng.run_until(w.eng.now() + 600.0)
+    assert w.choose_calls == calls + 2  # g1's failure was kept through c's pass: no search for it again
+    bound = {p.name: p.node_name is not None for p in w.cluster.list_pods()}
+    assert bound == {"g0": True, "g1": False, "c": True}

@@ -36,6 +36,7 @@ node it already made. Deletes are idempotent.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -215,9 +216,11 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
         """
         now = self.clock.now()
         obs = self.observed
-        if obs.wake_times is None:
-            obs.wake_times = sorted(t for t in self._timer_candidates() if t < math.inf)
-        return next((t for t in obs.wake_times if t > now), None)
+        times = obs.wake_times
+        if times is None:
+            times = obs.wake_times = sorted(t for t in self._timer_candidates() if t < math.inf)
+        i = bisect_right(times, now)
+        return times[i] if i < len(times) else None
 
     def _timer_candidates(self) -> list[float]:
         times = self.scaleup.wake_times(self.availability)

@@ -102,20 +102,35 @@ class ClusterState:
         """Rows whose GPU model is in ``models`` (None when unconstrained)."""
         if models is None:
             return None
-        allowed = [i for i, m in enumerate(self.models) if m in models]
-        return np.isin(self.model_idx, np.array(allowed, dtype=np.int64))
+        allowed = np.fromiter((m in models for m in self.models), dtype=bool, count=len(self.models))
+        out: BoolArray = allowed[self.model_idx]  # a lookup per row (np.isin costs ten times as much)
+        return out
 
     def fits(self, req: Request, rows: IntArray | None = None) -> BoolArray:
         """Boolean mask (over ``rows``, or all nodes) of nodes where ``req`` fits now."""
-        sl: IntArray | slice = rows if rows is not None else slice(None)
-        ok = (self.cpu_free[sl] >= req.cpu_milli) & (self.mem_free[sl] >= req.memory_mib) & (self.pods_free[sl] >= 1)
+        if rows is None:  # the whole arrays, without a view of each
+            ok = (self.cpu_free >= req.cpu_milli) & (self.mem_free >= req.memory_mib) & (self.pods_free >= 1)
+            if req.gpus:
+                ok &= self.full_free >= req.gpus
+            elif req.gpu_milli:
+                ok &= self.max_free >= req.gpu_milli
+            if req.gpu_models is not None and req.wants_gpu:
+                mm = self.model_mask(req.gpu_models)
+                assert mm is not None
+                ok &= mm
+            return ok
+        ok = (
+            (self.cpu_free[rows] >= req.cpu_milli)
+            & (self.mem_free[rows] >= req.memory_mib)
+            & (self.pods_free[rows] >= 1)
+        )
         if req.gpus:
-            ok &= self.full_free[sl] >= req.gpus
+            ok &= self.full_free[rows] >= req.gpus
         elif req.gpu_milli:
-            ok &= self.max_free[sl] >= req.gpu_milli
+            ok &= self.max_free[rows] >= req.gpu_milli
         mm = self.model_mask(req.gpu_models) if req.wants_gpu else None
         if mm is not None:
-            ok &= mm[sl]
+            ok &= mm[rows]
         return ok
 
     def fits_one(self, req: Request, i: int) -> bool:

@@ -382,6 +382,7 @@ class SimCluster:
         known, grown = self._failed, sorted(self._grown)
         self._failed, self._grown = failed, set()
         gangs_seen: set[str] = set()
+        examined: set[tuple[object, ...]] = set()
         bound = 0
         for sp in todo:
             if sp.pod.key not in self._pending:
@@ -394,7 +395,8 @@ class SimCluster:
             fkey = (sp.pod.request, sp.sig)
             if fkey in failed:
                 continue
-            if fkey in known and not self._fits_any(sp, grown):
+            examined.add(fkey)
+            if fkey in known and not self._fits_any(sp.pod.request, sp.sig, grown):
                 failed.add(fkey)  # no row fitted it after the last pass and none of those that grew since does
                 continue
             slot = self._choose(sp)
@@ -403,13 +405,33 @@ class SimCluster:
                 continue
             self._bind(sp, slot)
             bound += 1
+        if known and self._pending:
+            self._carry_failures(known - examined, grown, failed)
         return bound
 
-    def _fits_any(self, sp: SimPod, rows: list[int]) -> bool:
-        """True if ``sp`` fits one of ``rows`` now (rows are few: a scalar check each)."""
+    def _carry_failures(
+        self, unexamined: set[tuple[object, ...]], grown: list[int], failed: set[tuple[object, ...]]
+    ) -> None:
+        """Keep in ``failed`` the failures of the last pass that this pass did not look at (a pass of new pods only)
+        and that still fit none of the rows grown since, for pods still pending: they still fit no row (binds only
+        take room), and the next pass need not look for a node for them again."""
+        if not unexamined:
+            return
+        for sp in self._pending.values():
+            fkey = (sp.pod.request, sp.sig)
+            if fkey in unexamined:
+                unexamined.discard(fkey)
+                if not self._fits_any(sp.pod.request, sp.sig, grown):
+                    failed.add(fkey)
+
+    def _fits_any(self, req: Request, sig: tuple[object, ...], rows: list[int]) -> bool:
+        """True if a pod of ``req`` and label/taint signature ``sig`` (whose mask exists) fits one of ``rows`` now
+        (rows are few: a scalar check each)."""
         if not rows:
             return False
-        mask, st, req = self._mask(sp.sig, sp.pod), self._state, sp.pod.request
+        mask, st = self._masks.get(sig), self._state
+        if mask is None:  # never looked for a node: it may fit
+            return True
         return any(mask[i] and st.fits_one(req, i) for i in rows)
 
     def _choose(self, sp: SimPod) -> int | None:

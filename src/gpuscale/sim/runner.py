@@ -177,12 +177,15 @@ def run_simulation(
     def version() -> tuple[int, int]:
         return (cluster.version, cloud.version)
 
+    wake_owner: object = None
+    wake_fn: Callable[[], float | None] | None = None
     while True:
         now = engine.now()
         if now >= end:
             break
-        t_event = engine.peek()
-        wake_fn = getattr(controller, "next_wakeup", None)
+        if controller is not wake_owner:  # looked up once per controller (a crashed one is rebuilt)
+            wake_owner, wake_fn = controller, getattr(controller, "next_wakeup", None)
+        t_next = engine.peek()
         wake = wake_fn() if wake_fn is not None else None
         if gprs is not None and (g_wake := gprs.next_wakeup()) is not None:
             wake = g_wake if wake is None else min(wake, g_wake)
@@ -191,11 +194,12 @@ def run_simulation(
                 wake = max(wake, last_reconcile + spacing, now)
             else:  # overdue: polled at the reconcile interval
                 wake = max(last_reconcile + interval, now)
-        candidates = [x for x in (t_event, next_reconcile, wake) if x is not None]
-        if not candidates:
+            t_next = wake if t_next is None or wake < t_next else t_next
+        if next_reconcile is not None and (t_next is None or next_reconcile < t_next):
+            t_next = next_reconcile
+        if t_next is None:  # no event, no reconcile, no timer
             break
-        t_next = min(min(candidates), end)
-        engine.run_until(t_next)
+        engine.run_until(t_next if t_next < end else end)
         now = engine.now()
         v = version()
         if v != seen_version:
