@@ -33,6 +33,7 @@ def _slow(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(memo, "get", lambda make, values=(), objects=(): make())
     monkeypatch.setattr(driver, "unbounded", lambda _pool: False)
     monkeypatch.setattr(milp, "_cover_cost", lambda *_: -math.inf)
+    monkeypatch.setattr(milp, "unique_optimum", lambda *_: None)
     monkeypatch.setattr(existing, "make_scorer", lambda name: _AlwaysAsked() if name == "fill-frag" else _make(name))
 
 

@@ -19,8 +19,9 @@ pending pod left without a node gets a :class:`~gpuscale.core.plan.Blocked` reas
 
 Modules, value types first: ``options`` (the option table), ``bins`` (a new node being filled), ``classes`` (pod
 classes and order), ``context`` (mutable planning state), ``feasible`` (options per class), ``existing`` (placement
-on existing and in-flight nodes), ``packer`` (greedy packer), ``milp`` (integer program), ``explain`` (Blocked
-reasons), ``driver`` (:class:`Planner` and :func:`plan`).
+on existing and in-flight nodes), ``packer`` (greedy packer), ``milp`` (integer program), ``smallip`` (a tiny
+program's clear optimum without the solver), ``explain`` (Blocked reasons), ``driver`` (:class:`Planner` and
+:func:`plan`).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ the greedy new nodes only when strictly cheaper."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -16,6 +17,7 @@ from gpuscale.core.planner.classes import PodClass, pod_order
 from gpuscale.core.planner.context import Context, NewNodes
 from gpuscale.core.planner.feasible import ClassOptions
 from gpuscale.core.planner.options import Option
+from gpuscale.core.planner.smallip import unique_optimum
 from gpuscale.core.resources import Resources
 from gpuscale.core.state import ClusterState, NodeShape
 
@@ -159,9 +161,7 @@ def improve_with_milp(
         return None
     if _cover_cost([(o.price, p) for o, p in columns], classes, demand) >= greedy_cost - 1e-6 + 1e-9:
         return None  # no solution over these columns is cheaper, so the solver's could not be either
-    try:
-        from scipy.optimize import Bounds, LinearConstraint, milp  # imported only when a program is solved
-    except ImportError:  # optional dependency
+    if importlib.util.find_spec("scipy") is None:  # optional dependency
         return None
     ncol = len(columns)
     cost = np.array([o.price for o, _ in columns])
@@ -202,6 +202,11 @@ def improve_with_milp(
     key += (upper.tobytes(), time_limit_s)
 
     def solve() -> npt.NDArray[np.int64] | None:
+        direct = unique_optimum(cost, matrix, lo_a, hi_a, upper)  # a tiny program's clear answer, without SciPy
+        if direct is not None:
+            return direct
+        from scipy.optimize import Bounds, LinearConstraint, milp  # imported only when a program is solved
+
         res = milp(
             c=cost,
             constraints=LinearConstraint(matrix, lo_a, hi_a),
