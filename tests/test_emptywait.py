@@ -10,9 +10,10 @@ import pytest
 
 from builders import pod, taint
 from gpuscale.controller.config import ControllerConfig
+from gpuscale.controller.emptykeep import EmptyWaits
 from gpuscale.core import labels as L
-from gpuscale.core.emptywait import DAY_S, EmptyWaitSpec, Shape, empty_wait, fits, pod_saving
-from gpuscale.core.model import Pod
+from gpuscale.core.emptywait import DAY_S, EmptyWait, EmptyWaitSpec, Shape, empty_wait, fits, pod_saving
+from gpuscale.core.model import Disruption, NodePool, Pod
 from gpuscale.core.resources import Resources
 from gpuscale.errors import InputError
 from gpuscale.sim.policies import _config
@@ -151,3 +152,18 @@ def test_bad_empty_wait_settings_are_one_line_errors(value: object, where: str, 
     with pytest.raises(InputError) as err:
         ControllerConfig.from_policy({"emptyWait": value})
     assert where in str(err.value) and words in str(err.value) and "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------------ controller side
+def test_the_gate_sees_a_kept_node_with_its_wait_never_shorter_than_the_pools() -> None:
+    ew = EmptyWaits(EmptyWaitSpec(max_wait_s=1200.0), 0.0)
+    short = NodePool("gpu", disruption=Disruption(consolidate_after_s=300.0, consolidate_empty_after_s=0.0))
+    long = NodePool("gpu", disruption=Disruption(consolidate_after_s=300.0, consolidate_empty_after_s=3600.0))
+    ew.decisions = {"kept": EmptyWait(1200.0, 1.0, math.inf, "kept"), "gone": EmptyWait(None, 0.0, math.inf, "no")}
+    kept = ew.pool_for("kept", short)
+    assert kept is not None and kept.disruption.wait_s(True) == 1200.0 and kept.disruption.wait_s(False) == 300.0
+    assert ew.pool_for("kept", short) is kept  # one copy per (pool, wait)
+    assert ew.pool_for("gone", short) is short and ew.pool_for("other", short) is short
+    longer = ew.pool_for("kept", long)
+    assert longer is not None and longer.disruption.wait_s(True) == 3600.0
+    assert ew.pool_for("kept", None) is None
