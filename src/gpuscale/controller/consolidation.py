@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from gpuscale.controller.config import ControllerConfig
 from gpuscale.core.cron import parse_cron
 from gpuscale.core.disruption import DisruptionReason, classify_node
+from gpuscale.core.disruption.passmemo import PassMemo
 from gpuscale.core.model import Node, NodePool, OfferingKey, Pod
 from gpuscale.core.resources import Resources
 
@@ -138,6 +139,8 @@ class ConsolidationGate:
         self._classified: tuple[frozenset[str], dict[str, DisruptionReason]] | None = None
         """The candidates and their reasons at the last classification (reused while nothing touched them)."""
         self.last_evaluation = -math.inf
+        self.memo = PassMemo()
+        """The passes' rows and last all-kept pass (reused only where the pass provably decides the same)."""
         self.mismatches: list[Mismatch] = []
 
     # ------------------------------------------------------------------------------------------------ clocks

@@ -15,6 +15,7 @@ from gpuscale.core.disruption import (
     KeepReason,
     plan_disruption,
 )
+from gpuscale.core.disruption.passmemo import PassMemo
 from gpuscale.core.nodeclaim import REQUEST_ID_LABEL, ClaimPhase
 from gpuscale.core.reconcile import (
     DeleteNode,
@@ -103,7 +104,7 @@ class ScaleDownSteps(ShellBase):
                 frozenset((k, round(v, 1)) for k, v in w.utilization.items()) if gate.measured else None,
             )
             if gate.inputs_changed(signature, now, self._pool_of_node):
-                dp = self._disruption_pass(inputs, candidates, disrupting, gate.since, w)
+                dp = self._disruption_pass(inputs, candidates, disrupting, gate.since, w, gate.memo)
         if gate.check and (reference is not None or dp is not None):
             cached = {(a.node, str(a.kind), str(a.reason)) for a in dp.actions} if dp is not None else set()
             gate.compare(now, cached, reference or set())
@@ -209,7 +210,10 @@ class ScaleDownSteps(ShellBase):
         disrupting: set[str],
         since: Mapping[str, float],
         w: World,
+        memo: PassMemo | None = None,
     ) -> DisruptionPlan:
+        """One disruption pass; ``memo``: the gate's :class:`~gpuscale.core.disruption.passmemo.PassMemo` (None for
+        check mode's uncached reference)."""
         return plan_disruption(
             inputs.nodes,
             inputs.pods,
@@ -225,6 +229,7 @@ class ScaleDownSteps(ShellBase):
             unavailable=inputs.unavailable,
             allow_replace=self.config.replace_nodes,
             workloads=self.gpr.workloads or None,
+            memo=memo,
         )
 
     def _drain_and_delete(self, w: World, result: ReconcileResult) -> None:

@@ -143,21 +143,51 @@ def find_candidates(
     since: Mapping[str, float],
     only: Collection[str] | None,
     utilization: Mapping[str, float],
+    cache: dict[str, CandidateMemo] | None = None,
 ) -> tuple[list[Candidate], dict[str, float]]:
     """The candidates among ``nodes`` (of a pool in ``pool_by_name``; in ``only`` unless None) in the order they are
-    considered (:attr:`Candidate.sort_key`), and since when each is one (``since``, else ``now``)."""
+    considered (:attr:`Candidate.sort_key`), and since when each is one (``since``, else ``now``).
+
+    ``cache`` (kept by the caller between calls; replaced by this call's entries): a node's candidate is reused while
+    its node, pool, workload pods and the catalog are the same (pools judging measured utilisation are not cached)."""
     new_since: dict[str, float] = {}
     out: list[Candidate] = []
+    fresh: dict[str, CandidateMemo] = {}
+    get = cache.get if cache is not None else None
     for n in nodes:
         pool = pool_by_name.get(n.pool or "")
         if pool is None or (only is not None and n.name not in only):
             continue
         wl = workload_pods(by_node.get(n.name, ()))
-        cls = classify(n, pool, wl, utilization)
-        if cls is None:
+        if get is None or pool.disruption.use_measured_gpu_utilization:
+            cand = _candidate(n, pool, wl, catalog, utilization)
+        else:
+            hit = get(n.name)
+            if hit is not None and hit[0] is n and hit[1] is pool and hit[2] is catalog and hit[3] == wl:
+                cand = hit[4]
+            else:
+                cand = _candidate(n, pool, wl, catalog, utilization)
+            fresh[n.name] = (n, pool, catalog, wl, cand)
+        if cand is None:
             continue
-        reason, msg = cls
         new_since[n.name] = since.get(n.name, now)
-        out.append(Candidate(n, pool, reason, msg, wl, request_share(n, wl), node_price(n, catalog)))
+        out.append(cand)
     out.sort(key=lambda c: c.sort_key)
+    if cache is not None:
+        cache.clear()
+        cache.update(fresh)
     return out, new_since
+
+
+CandidateMemo = tuple[Node, NodePool, Catalog, list[Pod], Candidate | None]
+"""A node's candidate (or None) with what it was computed from (:func:`find_candidates`' cache)."""
+
+
+def _candidate(
+    n: Node, pool: NodePool, wl: list[Pod], catalog: Catalog, utilization: Mapping[str, float]
+) -> Candidate | None:
+    cls = classify(n, pool, wl, utilization)
+    if cls is None:
+        return None
+    reason, msg = cls
+    return Candidate(n, pool, reason, msg, wl, request_share(n, wl), node_price(n, catalog))

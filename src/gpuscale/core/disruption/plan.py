@@ -10,9 +10,12 @@ from gpuscale.core.disruption.candidates import (
     find_candidates,
     sort_pods,
 )
+from gpuscale.core.disruption.passmemo import KeptPass, PassMemo, fits_total, rows_of
 from gpuscale.core.disruption.replacement import Market, find_replacement, split_replacement
 from gpuscale.core.disruption.values import (
     ActionKind,
+    BudgetVerdict,
+    Candidate,
     DisruptionAction,
     DisruptionPlan,
     DisruptionReason,
@@ -31,6 +34,7 @@ from gpuscale.core.model import (
 from gpuscale.core.predicates import static_fit
 from gpuscale.core.resources import MILLI_PER_GPU, Request
 from gpuscale.core.state import best_gpu, fresh_gpu_row
+from gpuscale.core.templates import pool_totals
 
 
 class _Rows:
@@ -183,6 +187,7 @@ def plan_disruption(
     unavailable: Mapping[OfferingKey, float] | None = None,
     allow_replace: bool = True,
     workloads: Mapping[str, Mapping[str, str]] | None = None,
+    memo: PassMemo | None = None,
 ) -> DisruptionPlan:
     """Decide which nodes to delete or replace now (see the module docstring for the rules).
 
@@ -193,7 +198,8 @@ def plan_disruption(
     ``since`` maps node names to the time they became candidates; the result carries the updated map.
     ``allow_replace=False`` only ever deletes (a node whose pods do not all fit elsewhere is kept).
     ``workloads`` (the active GPRs' workload selectors): a node held by one of them is room only for pods its
-    selector matches.
+    selector matches. ``memo`` (one per caller, given to every call): reuses the last pass's rows and, when provably
+    the same, its plan (:mod:`~gpuscale.core.disruption.passmemo`); the result is the same without it.
     """
     since = since or {}
     utilization = utilization or {}
@@ -217,45 +223,12 @@ def plan_disruption(
     row: dict[str, int] = {}  # simulated destination rows, by node name (filled when the simulation is built)
     lazy: list[_Sim] = []
     removed: set[str] = set()
-    # Free room per destination and in total: an upper bound that rules out most hopeless moves without simulating.
-    # Plain (CPU milli, memory MiB, milli-GPU, pod slots) tuples, as free_room counts them.
-    free_of: dict[str, tuple[int, int, int, int]] = {}
-    for n in dest:
-        a = n.allocatable
-        cpu, mem, gpu = a.cpu_milli, a.memory_mib, a.gpus * MILLI_PER_GPU
-        on_node = by_node.get(n.name)
-        if on_node:
-            for p in on_node:
-                req = p.request
-                cpu -= req.cpu_milli
-                mem -= req.memory_mib
-                gpu -= req.gpus * MILLI_PER_GPU + req.gpu_milli
-            free_of[n.name] = (cpu, mem, gpu, a.pods - len(on_node))
-        else:
-            free_of[n.name] = (cpu, mem, gpu, a.pods)
-    t_cpu = t_mem = t_gpu = t_pods = 0
-    for f_cpu, f_mem, f_gpu, f_pods in free_of.values():
-        if f_cpu > 0:
-            t_cpu += f_cpu
-        if f_mem > 0:
-            t_mem += f_mem
-        if f_gpu > 0:
-            t_gpu += f_gpu
-        if f_pods > 0:
-            t_pods += f_pods
-    free_total = (t_cpu, t_mem, t_gpu, t_pods)
-    no_room = (0, 0, 0, 0)
+    # Free room per destination (CPU milli, memory MiB, milli-GPU, pod slots, as free_room counts them; GPU rows) and
+    # in total: an upper bound that rules out most hopeless moves without simulating.
+    room, changed, free_total = rows_of(dest, by_node, memo)
 
     def may_fit_elsewhere(n: Node, wl: Sequence[Pod]) -> bool:
-        own = free_of.get(n.name, no_room)
-        cpu = mem = gpu = 0
-        for p in wl:
-            r = p.request
-            cpu += r.cpu_milli
-            mem += r.memory_mib
-            gpu += r.gpus * MILLI_PER_GPU + r.gpu_milli
-        need = (cpu, mem, gpu, len(wl))
-        return all(need[k] <= free_total[k] - max(0, own[k]) for k in range(4))
+        return fits_total(free_total, room.get(n.name), wl)
 
     receivers: list[list[tuple[Node, int, int, int, int, str | None, list[int]]]] = []
 
@@ -272,18 +245,10 @@ def plan_disruption(
             lo_mem = min((r.memory_mib for r in movers), default=0)
             out = []
             for n in dest:
-                f = free_of[n.name]
-                cpu, mem = max(0, f[0]), max(0, f[1])
-                if f[3] >= 1 and cpu >= lo_cpu and mem >= lo_mem:
-                    whole = 0
-                    fractions: list[int] = []
-                    for p in by_node.get(n.name, ()):
-                        r = p.request
-                        whole += r.gpus
-                        if r.gpu_milli:
-                            fractions.append(r.gpu_milli)
-                    g_row, full, top = fresh_gpu_row(n.allocatable.gpus, whole, tuple(fractions))
-                    out.append((n, cpu, mem, full, top, n.gpu_model, g_row))
+                f = room[n.name]
+                cpu, mem = max(0, f.cpu), max(0, f.mem)
+                if f.slots >= 1 and cpu >= lo_cpu and mem >= lo_mem:
+                    out.append((n, cpu, mem, f.full, f.top, n.gpu_model, f.g_row))
             receivers.append(out)
         return receivers[0]
 
@@ -320,7 +285,7 @@ def plan_disruption(
             state = _Rows(
                 [r[1] for r in recv],
                 [r[2] for r in recv],
-                [free_of[n.name][3] for n in rows],
+                [room[n.name].slots for n in rows],
                 [r[6] for r in recv],
                 [r[3] for r in recv],
                 [r[4] for r in recv],
@@ -332,7 +297,9 @@ def plan_disruption(
             lazy.append(_Sim(rows, [r[5] for r in recv], state, usable, workloads=workloads or None))
         return lazy[0]
 
-    cands, new_since = find_candidates(dest, pool_by_name, by_node, catalog, now, since, candidates, utilization)
+    cands, new_since = find_candidates(
+        dest, pool_by_name, by_node, catalog, now, since, candidates, utilization, memo.candidates if memo else None
+    )
 
     # Budgets and counts per pool.
     counts: dict[str, int] = {}
@@ -346,6 +313,29 @@ def plan_disruption(
             disrupting_by_pool[n.pool] = disrupting_by_pool.get(n.pool, 0) + 1
         else:
             counts[n.pool] = counts.get(n.pool, 0) + 1
+
+    memo_key: tuple[object, ...] = ()
+    if memo is not None and not pdbs:
+        memo_key = (
+            tuple(pools),
+            catalog,
+            allow_replace,
+            workloads,
+            frozenset(c.node.name for c in cands if c.node.name in protected),
+            frozenset((k, t) for k, t in (unavailable or {}).items() if t > now),
+            # the pools' totals (launching nodes too) decide replacements only under maxNodes or limits
+            pool_totals(nodes, catalog) if any(p.max_nodes is not None or p.limits.bounded for p in pools) else None,
+        )
+
+        def verdict_of(c: Candidate) -> BudgetVerdict:
+            name = c.pool.name
+            return allowed_disruptions(c.pool, c.reason, totals_all.get(name, 0), disrupting_by_pool.get(name, 0), now)
+
+        again = memo.recall(now, memo_key, room, changed, free_total, cands, new_since, verdict_of, counts, workloads)
+        if again is not None:
+            return again
+    fits: dict[str, bool] = {}
+    verdicts: dict[str, BudgetVerdict] = {}
     market = Market(tuple(pools), catalog, now, unavailable or {}, nodes)
 
     pdb_left = pdb_allowances(pdbs, live)
@@ -397,6 +387,7 @@ def plan_disruption(
         verdict = allowed_disruptions(
             pool, reason, totals_all.get(pool.name, 0), disrupting_by_pool.get(pool.name, 0), now
         )
+        verdicts[n.name] = verdict
         if verdict.allowed is not None and verdict.allowed <= 0:
             b = verdict.budget
             what = f"budget nodes={b.nodes}" if b is not None else "budget"
@@ -405,7 +396,8 @@ def plan_disruption(
             keep(n, pool, KeepReason.BUDGET, f"{reason} disruptions of pool {pool.name} exhausted by {what}", reason)
             continue
 
-        if may_fit_elsewhere(n, wl) and any_may_move(n, wl):
+        fits[n.name] = fit = may_fit_elsewhere(n, wl)
+        if fit and any_may_move(n, wl):
             sim = simulation()
             new_state, left, dests = sim.fit_elsewhere(wl, row.get(n.name, -1))
         else:
@@ -488,4 +480,10 @@ def plan_disruption(
                     price - new_price,
                 )
             )
-    return DisruptionPlan(tuple(actions), tuple(kept), new_since)
+    plan = DisruptionPlan(tuple(actions), tuple(kept), new_since)
+    if memo is not None:
+        last = None
+        if memo_key and not actions and all(k.reason is not KeepReason.WAITING for k in kept):
+            last = KeptPass(now, memo_key, list(room), cands, new_since, fits, verdicts, counts, plan)
+        memo.remember(room, free_total, last)
+    return plan
