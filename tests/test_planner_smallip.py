@@ -80,3 +80,10 @@ def test_infeasible_and_other_shapes_go_to_the_solver() -> None:
     assert unique_optimum(np.array([1.0]), one, np.array([1.0]), np.array([2.0]), np.ones(1)) is None  # two-sided
     assert unique_optimum(np.array([1.0]), -one, np.array([-np.inf]), np.array([1.0]), np.ones(1)) is None
     assert unique_optimum(np.array([0.0]), one, np.array([1.0]), np.array([np.inf]), np.ones(1)) is None  # free
+
+
+def test_wide_programs_go_to_the_solver() -> None:
+    n = 2000
+    cost = np.linspace(1.0, 2.0, n)
+    got = unique_optimum(cost, np.ones((1, n)), np.array([1.0]), np.array([np.inf]), np.ones(n))
+    assert got is None

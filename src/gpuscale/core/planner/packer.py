@@ -38,6 +38,25 @@ pods of the class per node) when no other class has pods left and every pool the
 choice then reads nothing else: no headroom, and the fill of a node finds no other class to add."""
 
 
+class _Compatible:
+    """Per (option index, wants a GPU): the classes of one pack that may use the option, in pack order; built on first
+    use (a class alone whose choice is memoised never reads it)."""
+
+    def __init__(self, order: Sequence[PodClass], choices: ClassOptions) -> None:
+        self._order = order
+        self._choices = choices
+        self._table: dict[tuple[int, bool], list[PodClass]] | None = None
+
+    def table(self) -> dict[tuple[int, bool], list[PodClass]]:
+        if self._table is None:
+            self._table = {}
+            for c in self._order:
+                wants_gpu = c.request.wants_gpu
+                for o in self._choices.feasible(c):
+                    self._table.setdefault((o.index, wants_gpu), []).append(c)
+        return self._table
+
+
 class GreedyPacker:
     """Packs pods onto new nodes of the options ``choices`` offers, trying ``candidate_types`` types per class."""
 
@@ -79,11 +98,7 @@ class GreedyPacker:
                 remaining[cls.index] = []
                 order.append(cls)
             remaining[cls.index].append(pod)
-        compatible: dict[tuple[int, bool], list[PodClass]] = {}
-        for c in order:
-            wants_gpu = c.request.wants_gpu
-            for o in self.choices.feasible(c):
-                compatible.setdefault((o.index, wants_gpu), []).append(c)
+        compatible = _Compatible(order, self.choices)
         left: list[Pod] = []
         for cls in order:
             while remaining[cls.index]:
@@ -111,7 +126,7 @@ class GreedyPacker:
         ctx: Context,
         cls: PodClass,
         remaining: Mapping[int, list[Pod]],
-        compatible: dict[tuple[int, bool], list[PodClass]],
+        compatible: _Compatible,
     ) -> tuple[Option, dict[int, int]] | None:
         """The cheapest-per-value way to open one node for ``cls`` (filled with whatever else fits)."""
         candidates, unbounded_only = self._candidates(cls)
@@ -119,12 +134,12 @@ class GreedyPacker:
         if unbounded_only and self.table is not None and not any(v for k, v in remaining.items() if k != cls.index):
 
             def search() -> tuple[Option, int] | None:
-                found = self._search(ctx, cls, candidates, remaining, compatible)
+                found = self._search(ctx, cls, candidates, remaining, compatible.table())
                 return None if found is None else found[:2]
 
             got = _ALONE.get(search, (cls.key, n_left, self.candidate_types), objects=(self.table,))
             return None if got is None else (got[0], {cls.index: got[1]})
-        choice = self._search(ctx, cls, candidates, remaining, compatible)
+        choice = self._search(ctx, cls, candidates, remaining, compatible.table())
         return None if choice is None else (choice[0], choice[2])
 
     def _search(

@@ -2,13 +2,13 @@
 
 The planner's integer programs (:mod:`gpuscale.core.planner.milp`) are covering programs: minimise ``cost @ x`` over
 integer ``0 <= x <= upper`` with rows ``matrix @ x >= lo`` (pods of a class to hold) and ``matrix @ x <= hi`` (a
-pool's room), every coefficient and price non-negative. A replay's programs are tiny (a few classes, a few pods), yet
-solving one needs SciPy, whose import alone costs far more than the solve. :func:`unique_optimum` enumerates the
+pool's room), every coefficient and price non-negative. A replay's programs are tiny (a few classes, a few pods),
+yet solving one needs SciPy, whose import alone costs far more than the solve. :func:`unique_optimum` enumerates the
 solutions whose cost is near the least (branch and bound over the columns in order) and answers only when exactly
 one solution is within the solver's stopping gaps of the optimum: the solver (HiGHS, relative gap 1e-4, absolute gap
 1e-6) stops at a solution at most that far above the optimum, so it can return no other. Otherwise (several near
-ties, an infeasible program, a program too large to enumerate, or rows of another shape) it answers None and the
-caller runs the solver.
+ties, an infeasible program, a program too large to enumerate or with more than :data:`MAX_COLUMNS` columns, or rows
+of another shape) it answers None and the caller runs the solver.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ ABS_GAP = 1e-5
 """Ten times HiGHS's default absolute MIP gap (1e-6)."""
 NODE_LIMIT = 20_000
 """Branch-and-bound nodes before giving up (the solver then runs)."""
+MAX_COLUMNS = 200
+"""Larger programs go to the solver (the search recurses once per column)."""
 
 
 def unique_optimum(
@@ -36,7 +38,14 @@ def unique_optimum(
     """The program's optimal ``x`` when it is the only solution within :data:`REL_GAP` / :data:`ABS_GAP` of the
     optimum, else None (see the module docstring)."""
     ncol = cost.size
-    if ncol == 0 or matrix.shape[1] != ncol or (matrix < 0).any() or (cost <= 0).any() or (upper < 0).any():
+    if (
+        ncol == 0
+        or ncol > MAX_COLUMNS
+        or matrix.shape[1] != ncol
+        or (matrix < 0).any()
+        or (cost <= 0).any()
+        or (upper < 0).any()
+    ):
         return None
     cover_rows: list[int] = []
     pack_rows: list[int] = []
