@@ -57,7 +57,7 @@ from gpuscale.controller.scaleup import PlanFn, ScaleUpSteps
 from gpuscale.controller.shell import ReconcileResult, World
 from gpuscale.core import labels as L
 from gpuscale.core.gpr import is_gpr_request_id
-from gpuscale.core.model import Catalog, Node, NodePool, OfferingKey, Pod
+from gpuscale.core.model import Catalog, Node, NodePool, OfferingKey
 from gpuscale.core.nodeclaim import TIMED_PHASES, ClaimPhase, deadline
 from gpuscale.core.plan import ScaleUpPlan
 from gpuscale.core.reconcile import (
@@ -80,10 +80,6 @@ def _default_planner() -> PlanFn:
 
 
 _LIVE_PHASES = ("Pending", "Running", "")
-
-
-def _live(p: Pod) -> bool:
-    return p.phase in _LIVE_PHASES
 
 
 class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
@@ -242,7 +238,7 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
     def _observe(self, now: float) -> World | None:
         try:
             obs = self.observed
-            pods, last = obs.live_pods(self.backend.list_pods(), _live)
+            pods, last = obs.live_pods(self.backend.list_pods(), _LIVE_PHASES)
             listed = self.backend.list_nodes()
             if obs.same_nodes(listed):
                 nodes = dict(obs.nodes)  # a copy: the controller deletes from it during the round

@@ -133,12 +133,12 @@ class Observation:
         self.wake_times: list[float] | None = None
         """Sorted candidate wake-up times, computed on demand after each round."""
 
-    def live_pods(self, listed: Sequence[Pod], keep: Callable[[Pod], bool]) -> tuple[list[Pod], World | None]:
-        """The pods of ``listed`` that ``keep`` accepts, and the last world built on the same list (None if the
-        list changed). Only an immutable tuple is recognised again; the lists are shared, never changed."""
+    def live_pods(self, listed: Sequence[Pod], phases: Collection[str]) -> tuple[list[Pod], World | None]:
+        """The pods of ``listed`` in one of ``phases``, and the last world built on the same list (None if the list
+        changed). Only an immutable tuple is recognised again; the lists are shared, never changed."""
         if self.pods_list is not None and listed is self.pods_list:
             return self.pods, self.pods_world
-        pods = [p for p in listed if keep(p)]
+        pods = [p for p in listed if p.phase in phases]
         self.pods_list, self.pods, self.pods_world = (listed if isinstance(listed, tuple) else None), pods, None
         return pods, None
 

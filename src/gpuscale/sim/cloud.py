@@ -403,7 +403,7 @@ class SimCloud:
         if self._maybe_fault("list_nodes"):
             raise TransientProviderError("list_nodes: request timed out", provider=self.name)
         if self._listed[0] != self.version:
-            self._listed = (self.version, tuple(map(_Rec.snapshot, self._alive.values())))
+            self._listed = (self.version, tuple([r.snap or r.snapshot() for r in self._alive.values()]))
         return self._listed[1]
 
     def poll_errors(self) -> Sequence[ProviderEvent]:

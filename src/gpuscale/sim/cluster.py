@@ -331,7 +331,7 @@ class SimCluster:
         now = self.engine.now()
         self._seq += 1
         sp = SimPod(
-            replace(pod, node_name=None, phase="Pending"),
+            pod if pod.node_name is None and pod.phase == "Pending" else replace(pod, node_name=None, phase="Pending"),
             max(0.0, duration),
             self._seq,
             now,
@@ -531,7 +531,10 @@ class SimCluster:
     def list_nodes(self) -> Sequence[Node]:
         """Every registered node; GPUs count as allocatable only once the device plugin is ready."""
         if self._nodes_listed[0] != self._nodes_version:
-            self._nodes_listed = (self._nodes_version, tuple(map(self._as_node, self._nodes.values())))
+            self._nodes_listed = (
+                self._nodes_version,
+                tuple([sn.cache or self._as_node(sn) for sn in self._nodes.values()]),
+            )
         return self._nodes_listed[1]
 
     def _as_node(self, sn: SimNode) -> Node:
