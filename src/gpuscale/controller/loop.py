@@ -287,8 +287,8 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
         )
         self._apply(d, w)
         # settled: every listed node matched its settled claim, which depends on neither the time nor the cluster;
-        # idle: nothing changed, and what may change next depends on the cluster's Nodes alone (not on the time)
-        obs.synced_with(d.unlisted, d.settled, self.claims.version, idle=d.idle)
+        # fixpoint: the claims as now changed are what a sync of this listing and these Nodes gives, at any time
+        obs.synced_with(d.unlisted, d.settled, self.claims.version, fixpoint=d.fixpoint)
 
     # --------------------------------------------------------------------------------------- provider events
     def _handle_provider_events(self, w: World) -> None:

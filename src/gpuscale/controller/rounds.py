@@ -125,7 +125,7 @@ class Observation:
         self.cloud_list: object = None
         self.cloud: list[CloudNode] = []
         self.synced: tuple[object, int] | None = None
-        """(cloud list, claim table version) after a claim sync that changed nothing."""
+        """(cloud list, claim table version) after a claim sync whose result a second sync would not change."""
         self.synced_nodes: object = None
         """The node list that sync depended on (a claim waited for its Node), or None if it depended on none."""
         self.unlisted: set[str] = set()
@@ -159,8 +159,8 @@ class Observation:
         self.cloud = alive
 
     def sync_needed(self, claims_version: int) -> bool:
-        """False if the provider list and the claims (and the node list, if that sync depended on it) are those of
-        the last sync that changed nothing: the same inputs give the same result, which is to change nothing."""
+        """False if the provider list and the claims (and the node list, if that sync depended on it) are those left
+        by the last sync whose result is a fixpoint: a sync of the same inputs would change nothing."""
         synced = self.synced
         if (
             synced is not None
@@ -171,15 +171,16 @@ class Observation:
         self.synced = None
         return True
 
-    def synced_with(self, unlisted: set[str], settled: bool, claims_version: int, *, idle: bool = False) -> None:
+    def synced_with(self, unlisted: set[str], settled: bool, claims_version: int, *, fixpoint: bool = False) -> None:
         """A claim sync ran; ``settled``: every listed node matched its settled claim (nothing depends on the
-        cluster); ``idle``: it changed nothing, but some claim waits for its Node (it depends on the node list)."""
+        cluster); ``fixpoint``: a sync of the same lists would change nothing (it depends on the node list).
+        ``claims_version`` is the claim table's version once the sync's decisions are carried out."""
         self.unlisted = unlisted
         if self.cloud_list is None:
             return
         if settled:
             self.synced, self.synced_nodes = (self.cloud_list, claims_version), None
-        elif idle and self.nodes_list is not None:
+        elif fixpoint and self.nodes_list is not None:
             self.synced, self.synced_nodes = (self.cloud_list, claims_version), self.nodes_list
 
 

@@ -197,7 +197,7 @@ def sync_claims(
     if len(seen) + requested == len(current):
         # every claim was listed, or is still Requested (seen claims are never Requested)
         out.settled = not learnt and not waiting
-        out.idle = not learnt
+        out.fixpoint = True
         return out
     for key, claim in list(current.items()):
         if key in seen or claim.phase is ClaimPhase.REQUESTED:
@@ -225,6 +225,7 @@ def sync_claims(
                 request_id=key,
             )
             out.replan = True
+    out.fixpoint = not out.unlisted  # the finished claims leave the table; the failed ones stay unlisted and idle
     return out
 
 

@@ -262,9 +262,10 @@ class Decisions:
     settled: bool = False
     """The claim sync learnt nothing and every listed node matched its settled claim: the same listing with the
     same claims needs no sync (the shell may skip it)."""
-    idle: bool = False
-    """The claim sync changed nothing and every claim was listed or is Requested, but some listed claim waits for its
-    Node (Launched or Registered): the same listing with the same claims and the same Nodes needs no sync."""
+    fixpoint: bool = False
+    """The claims these decisions leave are a fixpoint of the claim sync: a sync of the same listing and the same
+    Nodes would change nothing, at any time (no claim waits for the end of its listing grace period; a Launched or
+    Registered claim may still advance when its Node changes): the shell may skip that sync."""
 
     def note(self, kind: EventKind, obj: str, reason: str, message: str, **data: object) -> None:
         """Append a :class:`Note`."""
