@@ -143,3 +143,23 @@ def test_failures_are_kept_across_a_pass_of_new_pods_only() -> None:
     assert w.choose_calls == calls + 2  # g1's failure was kept through c's pass: no search for it again
     bound = {p.name: p.node_name is not None for p in w.cluster.list_pods()}
     assert bound == {"g0": True, "g1": False, "c": True}
+
+
+def test_the_pod_list_kept_at_every_change_is_the_pods_in_order() -> None:
+    w = World(memo=True)
+
+    def check() -> None:
+        assert w.cluster.list_pods() == tuple(sp.pod for sp in w.cluster._pods.values())
+
+    w.apply(("launch", 1, 1))  # two t4-2
+    for i in range(6):
+        w.cluster.add_pod(_gpu(f"g{i}"), 300.0 * (i + 1), deadline=w.eng.now() + 900.0)
+        check()
+    w.cluster.add_pod(pod("never", cpu=1000, mem=1024), 60.0, deadline=w.eng.now() + 30.0)  # cancelled at 30 s
+    for op in [("run", 0, 5), ("evict", 0, 0), ("run", 0, 0), ("delete", 0, 0), ("run", 0, 40), ("evict", 1, 0)]:
+        w.apply(op)
+        check()
+    seen = {p.name: (p.phase, p.node_name is not None) for p in w.cluster.list_pods()}
+    assert "never" not in seen and len(seen) < 6 and any(not bound for _, bound in seen.values())
+    w.eng.run_until(w.eng.now() + 3600.0)
+    check()

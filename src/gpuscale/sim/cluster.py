@@ -31,7 +31,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
-from operator import attrgetter
 
 import numpy as np
 
@@ -97,6 +96,8 @@ class SimCluster:
         self._free_slots: list[int] = []
         self._state = self._make_state(max(16, len(self._models) + 1))
         self._pods: dict[str, SimPod] = {}
+        self._pod_objs: dict[str, Pod] = {}
+        """Each pod's current ``Pod`` in the order of ``_pods`` (kept at every change: ``list_pods`` is a copy)."""
         self._pending: dict[str, SimPod] = {}
         self._pending_gpu_milli = 0
         """Total GPU demand of the pending pods (DaemonSet pods excluded)."""
@@ -338,6 +339,7 @@ class SimCluster:
             self.behaviour.busy if gpu_util is None else gpu_util,
         )
         self._pods[pod.key] = sp
+        self._pod_objs[pod.key] = sp.pod
         self._pending[pod.key] = sp
         self._pending_gpu_milli += _gpu_milli(sp.pod)
         self._new_pending.add(pod.key)
@@ -354,7 +356,7 @@ class SimCluster:
         del self._pending[key]
         self._pending_gpu_milli -= _gpu_milli(sp.pod)
         self._new_pending.discard(key)
-        del self._pods[key]
+        del self._pods[key], self._pod_objs[key]
         self._cancel_samples.append(self.engine.now() - sp.pending_since)
         self.counters.pods_cancelled += 1
         self.version += 1
@@ -466,7 +468,7 @@ class SimCluster:
         sp.placement = placement if placement is not None else self._state.place(req, slot)
         sp.node = sn
         sp.bound_at = now
-        sp.pod = replace(sp.pod, node_name=sn.name, phase="Running")
+        sp.pod = self._pod_objs[sp.pod.key] = replace(sp.pod, node_name=sn.name, phase="Running")
         del self._pending[sp.pod.key]
         self._pending_gpu_milli -= _gpu_milli(sp.pod)
         if sp.deadline is not None:
@@ -505,13 +507,13 @@ class SimCluster:
             return
         sp.done = None
         self._unbind(sp)
-        del self._pods[sp.pod.key]
+        del self._pods[sp.pod.key], self._pod_objs[sp.pod.key]
         self.counters.pods_completed += 1
         self._capacity_grew()
 
     def _repend(self, sp: SimPod, reason: str, *, by_controller: bool) -> None:
         node = self._unbind(sp)
-        sp.pod = replace(sp.pod, node_name=None, phase="Pending")
+        sp.pod = self._pod_objs[sp.pod.key] = replace(sp.pod, node_name=None, phase="Pending")
         sp.pending_since = self.engine.now()
         self._pending[sp.pod.key] = sp
         self._pending_gpu_milli += _gpu_milli(sp.pod)
@@ -525,7 +527,7 @@ class SimCluster:
     def list_pods(self) -> Sequence[Pod]:
         """Every pending or running pod (completed and cancelled pods are gone)."""
         if self._pods_listed[0] != self.version:
-            self._pods_listed = (self.version, tuple(map(attrgetter("pod"), self._pods.values())))
+            self._pods_listed = (self.version, tuple(self._pod_objs.values()))
         return self._pods_listed[1]
 
     def list_nodes(self) -> Sequence[Node]:
