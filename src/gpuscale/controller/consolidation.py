@@ -37,6 +37,7 @@ there are none; ``benchmarks/gate_check.py`` runs the openb replay so).
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -130,6 +131,8 @@ class ConsolidationGate:
             frozenset(),
             frozenset(),
         )
+        self._nodes_seen: list[Node] = []
+        """The last round's node objects, in order (the same ones again: the same room)."""
         self._seen: tuple[frozenset[str], Mapping[str, str], frozenset[str]] = (frozenset(), {}, frozenset())
         """The last round's node names, pending pods planned onto nodes (pod -> node) and unplanned pending pods."""
         self.last_pass_at = -math.inf
@@ -192,15 +195,25 @@ class ConsolidationGate:
             return frozenset(p.key for p in by_node.get(name, ()))
 
         prev_by_node, prev_room, prev_disrupting, prev_unavailable = self._room
-        room: dict[str, Resources] = {}
+        room: Mapping[str, Resources] = {}
         room_grew: set[str] = set()  # schedulable nodes that are new or whose allocatable changed
-        prev_alloc = prev_room.get
-        for n in nodes.values():
-            if not n.unschedulable:
-                a = room[n.name] = n.allocatable
-                if (b := prev_alloc(n.name)) is None or (b is not a and b != a):
-                    room_grew.add(n.name)
-        left_some, pods_moved = pod_moves(prev_by_node, by_node)  # nodes a pod left; nodes whose pods changed
+        seen = list(nodes.values())
+        prev_seen = self._nodes_seen
+        self._nodes_seen = seen
+        if len(seen) == len(prev_seen) and all(map(operator.is_, seen, prev_seen)):
+            room = prev_room  # the very same nodes as last round: the same room
+        else:
+            prev_alloc = prev_room.get
+            room = fresh = {}
+            for n in seen:
+                if not n.unschedulable:
+                    a = fresh[n.name] = n.allocatable
+                    if (b := prev_alloc(n.name)) is None or (b is not a and b != a):
+                        room_grew.add(n.name)
+        left_some: set[str] = set()
+        pods_moved: set[str] = set()
+        if by_node != prev_by_node:  # (lists of the same pods compare equal at once)
+            left_some, pods_moved = pod_moves(prev_by_node, by_node)  # nodes a pod left; nodes whose pods changed
         changed = disrupting != prev_disrupting or unavailable_now != prev_unavailable
         changed = changed or (has_pdbs and bool(pods_moved))
         prev_names, prev_planned, prev_pending = self._seen

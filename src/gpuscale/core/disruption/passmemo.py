@@ -6,7 +6,7 @@ a little passes one :class:`PassMemo` to every call. The results are those of a 
 
 - **rows** (:class:`Row`): each destination node's free room with its bound pods (CPU, memory, milli-GPU, pod
   slots; per-GPU free milli-GPU, entirely free GPUs, the largest free share), reused while the node object and its
-  bound pods' requests are the same objects in the same order (anything else builds the row again).
+  bound pods are the same (equal, in the same order; anything else builds the row again).
 - **the last all-kept pass** (:class:`KeptPass`): a pass whose every candidate was kept (no action, none waiting out
   consolidateAfter) is returned again when the new pass provably decides the same. With no action, no candidate's
   evaluation changes the simulated cluster, so each candidate is judged alone against the pass's starting rows:
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 from gpuscale.core.disruption.candidates import CandidateMemo
 from gpuscale.core.disruption.values import BudgetVerdict, Candidate, DisruptionPlan, KeepReason
-from gpuscale.core.model import DisruptionBudget, Node, Pod
+from gpuscale.core.model import DisruptionBudget, Node, NodePool, Pod
 from gpuscale.core.predicates import static_fit
-from gpuscale.core.resources import MILLI_PER_GPU, Request
+from gpuscale.core.resources import MILLI_PER_GPU
 from gpuscale.core.state import fresh_gpu_row
 
 
@@ -43,7 +43,8 @@ class Row:
     object."""
 
     node: Node
-    requests: tuple[Request, ...]
+    pods: Sequence[Pod]
+    """Its live bound pods, in order."""
     cpu: int
     mem: int
     gpu: int
@@ -56,13 +57,14 @@ class Row:
     """(cpu, mem, gpu, slots), each at least 0: what the row adds to the total free room."""
 
 
-def build_row(node: Node, reqs: tuple[Request, ...]) -> Row:
-    """The row of ``node`` with the requests of its live bound pods (in order)."""
+def build_row(node: Node, pods: Sequence[Pod]) -> Row:
+    """The row of ``node`` with its live bound ``pods`` (in order)."""
     a = node.allocatable
     cpu, mem, gpu = a.cpu_milli, a.memory_mib, a.gpus * MILLI_PER_GPU
     whole = 0
     fractions: list[int] = []
-    for r in reqs:
+    for p in pods:
+        r = p.request
         cpu -= r.cpu_milli
         mem -= r.memory_mib
         gpu -= r.gpus * MILLI_PER_GPU + r.gpu_milli
@@ -70,9 +72,9 @@ def build_row(node: Node, reqs: tuple[Request, ...]) -> Row:
         if r.gpu_milli:
             fractions.append(r.gpu_milli)
     g_row, full, top = fresh_gpu_row(a.gpus, whole, tuple(fractions))
-    slots = a.pods - len(reqs)
+    slots = a.pods - len(pods)
     pos = (max(0, cpu), max(0, mem), max(0, gpu), max(0, slots))
-    return Row(node, reqs, cpu, mem, gpu, slots, g_row, full, top, pos)
+    return Row(node, pods, cpu, mem, gpu, slots, g_row, full, top, pos)
 
 
 def rows_of(
@@ -80,20 +82,19 @@ def rows_of(
 ) -> tuple[dict[str, Row], set[str], tuple[int, int, int, int]]:
     """The rows of ``dest`` (by name, in order), the rows that differ from ``memo``'s last ones (new, gone or
     rebuilt) and the total free room (the sum of ``pos``). A row is reused while its node is the same object and its
-    pods' requests are equal, in the same order (a row depends on nothing else)."""
+    pods are equal, in the same order."""
     out: dict[str, Row] = {}
     cached = memo.rows if memo is not None else {}
     get = cached.get
     changed: set[str] = set()
     for n in dest:
         name = n.name
-        bound = by_node.get(name)
-        reqs = tuple([p.request for p in bound]) if bound else ()
+        bound = by_node.get(name) or ()
         old = get(name)
-        if old is not None and old.node is n and old.requests == reqs:
+        if old is not None and old.node is n and old.pods == bound:
             out[name] = old
             continue
-        out[name] = build_row(n, reqs)
+        out[name] = build_row(n, bound)
         changed.add(name)
     if len(out) - len(changed) != len(cached):  # some cached row is gone
         changed.update(cached.keys() - out.keys())
@@ -146,6 +147,8 @@ class KeptPass:
     """Candidate -> the budget verdict (candidates the pass judged that far)."""
     counts: dict[str, int]
     """Nodes per pool not being disrupted (minNodes)."""
+    budgets: dict[str, tuple[int, int]]
+    """Pool -> (its nodes, those being disrupted): a budget verdict's inputs besides the time."""
     plan: DisruptionPlan
 
 
@@ -176,6 +179,7 @@ class PassMemo:
         since: Mapping[str, float],
         verdict: Callable[[Candidate], BudgetVerdict],
         counts: Mapping[str, int],
+        budgets: Mapping[str, tuple[int, int]],
         workloads: Mapping[str, Mapping[str, str]] | None,
     ) -> DisruptionPlan | None:
         """The last all-kept pass's plan if this pass provably decides the same, else None (see the module
@@ -204,18 +208,25 @@ class PassMemo:
             if fits is not None and fits_total(free_total, rows.get(name), c.pods) != fits:
                 return None
             v = last.verdicts.get(name)
-            if v is not None and _blocks(verdict(c)) != _blocks(v):
-                return None
+            if v is not None:
+                pool = c.pool  # a verdict reads the time only through scheduled budgets
+                same = budgets.get(pool.name) == last.budgets.get(pool.name) and not _scheduled(pool)
+                if not same and _blocks(verdict(c)) != _blocks(v):
+                    return None
         if counts != last.counts and any(k.reason is KeepReason.MIN_NODES for k in last.plan.kept):
             return None
         self.hits += 1
         self.rows, self.total = rows, free_total
-        last.now, last.order, last.counts = now, order, dict(counts)
+        last.now, last.order, last.counts, last.budgets = now, order, dict(counts), dict(budgets)
         return DisruptionPlan(last.plan.actions, last.plan.kept, {c.node.name: since[c.node.name] for c in cands})
 
     def remember(self, rows: dict[str, Row], free_total: tuple[int, int, int, int], kept: KeptPass | None) -> None:
         """Keep this pass's rows and total, and the pass itself if it kept every candidate (``kept``)."""
         self.rows, self.total, self.kept = rows, free_total, kept
+
+
+def _scheduled(pool: NodePool) -> bool:
+    return any(b.schedule is not None for b in pool.disruption.budgets)
 
 
 def _blocks(v: BudgetVerdict) -> DisruptionBudget | None:

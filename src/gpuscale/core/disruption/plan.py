@@ -331,7 +331,10 @@ def plan_disruption(
             name = c.pool.name
             return allowed_disruptions(c.pool, c.reason, totals_all.get(name, 0), disrupting_by_pool.get(name, 0), now)
 
-        again = memo.recall(now, memo_key, room, changed, free_total, cands, new_since, verdict_of, counts, workloads)
+        budgets = {name: (total, disrupting_by_pool.get(name, 0)) for name, total in totals_all.items()}
+        again = memo.recall(
+            now, memo_key, room, changed, free_total, cands, new_since, verdict_of, counts, budgets, workloads
+        )
         if again is not None:
             return again
     fits: dict[str, bool] = {}
@@ -484,6 +487,6 @@ def plan_disruption(
     if memo is not None:
         last = None
         if memo_key and not actions and all(k.reason is not KeepReason.WAITING for k in kept):
-            last = KeptPass(now, memo_key, list(room), cands, new_since, fits, verdicts, counts, plan)
+            last = KeptPass(now, memo_key, list(room), cands, new_since, fits, verdicts, counts, budgets, plan)
         memo.remember(room, free_total, last)
     return plan
