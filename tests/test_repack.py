@@ -22,10 +22,12 @@ from gpuscale.core.disruption.repack import (
     InFlight,
     PodAgeRule,
     RepackRule,
+    empty_nodes,
     hold_old_pods,
     oldest,
     repack_deletions,
     repack_inputs,
+    without_destinations,
     young_nodes,
 )
 from gpuscale.core.disruption.spotswap import SpotSwapRule, spot_replacement, swap_spot
@@ -328,3 +330,39 @@ def test_swap_spot_acts_on_one_node_and_leaves_the_other_swappable_ones_unkept()
         DisruptionPlan((), kept, {}), [a, b, c], pods, {"gpu": SPOT_POOL}, SPOT_CAT, 0.0, {}, SpotSwapRule(), {}
     )
     assert [x.node for x in out.actions] == ["a"] and [k.node for k in out.kept] == ["c"]
+
+
+# ------------------------------------------------------------------------------------------------ not onto empty nodes
+def test_empty_nodes_are_ready_pool_nodes_without_workload_pods() -> None:
+    busy, idle = node("busy", 8000, 32768, 1, "T4", pool="gpu"), node("idle", 8000, 32768, 1, "T4", pool="gpu")
+    planned = node("planned", 8000, 32768, 1, "T4", pool="gpu")
+    flying = node("flying", 8000, 32768, 1, "T4", pool="gpu", launching=True)
+    cordoned = node("cordoned", 8000, 32768, 1, "T4", pool="gpu", unschedulable=True)
+    leaving, loose = node("leaving", 8000, 32768, 1, "T4", pool="gpu"), node("loose", 8000, 32768, 1, "T4")
+    pods = [pod("a", gpus=1, node="busy"), pod("b", gpus=1, node="planned")]
+    nodes = [busy, idle, planned, flying, cordoned, leaving, loose]
+    assert empty_nodes(nodes, pods, {"leaving"}) == {"idle"}
+    out = without_destinations(nodes, {"idle"})
+    assert [n.name for n in out if n.unschedulable] == ["idle", "cordoned"] and out[0] is busy
+
+
+def test_cordoned_empty_nodes_take_no_underutilized_pod() -> None:
+    # "half": a 1-GPU pod on a 4-GPU node (25 %); "idle": an empty 4-GPU node. By default the pod moves onto "idle"
+    # and "half" goes (which only swaps which node is empty); with the empty node cordoned nothing moves.
+    half = replace(node("half", 16000, 65536, 4, "T4", pool="gpu"), hourly_cost=4.0)
+    idle = replace(node("idle", 16000, 65536, 4, "T4", pool="gpu"), hourly_cost=4.0)
+    p = pod("p", gpus=1, node="half")
+    pools, cat = [_pool()], Catalog("none", ())
+    args = {"since": {"half": 0.0}, "candidates": {"half"}, "allow_replace": False}
+    plain = plan_disruption([half, idle], [p], pools, cat, 100.0, **args)
+    assert [(a.node, a.kind) for a in plain.actions] == [("half", ActionKind.DELETE)]
+    empties = empty_nodes([half, idle], [p], ())
+    assert plan_disruption(without_destinations([half, idle], empties), [p], pools, cat, 100.0, **args).actions == ()
+
+
+def test_pack_onto_empty_setting() -> None:
+    assert ControllerConfig.from_policy({}).pack_onto_empty is True
+    assert ControllerConfig.from_policy({"packOntoEmpty": False}).pack_onto_empty is False
+    with pytest.raises(InputError) as err:
+        ControllerConfig.from_policy({"packOntoEmpty": "no"})
+    assert "policy.packOntoEmpty" in str(err.value) and "true or false" in str(err.value)

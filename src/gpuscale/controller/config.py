@@ -77,6 +77,8 @@ class ControllerConfig:
     """Nodes in flight take the young pods of underutilised nodes (``repack``; None: off)."""
     spot_to_spot: SpotSwapRule | None = None
     """A kept spot node may be replaced by a cheaper spot node (``spotToSpot``; None: off)."""
+    pack_onto_empty: bool = True
+    """Underutilized consolidations may move pods onto empty nodes (``packOntoEmpty``; False: never)."""
     empty_wait: EmptyWaitSpec | None = None
     """Per-node empty wait from price and fitting arrivals (``emptyWait``; None: off)."""
 
@@ -155,6 +157,8 @@ class ControllerConfig:
                 kw["evict_max_pod_age"] = repackopts.evict_max_pod_age(value, path)
             elif key == "repack":
                 kw["repack"] = repackopts.repack(value, path)
+            elif key == "packOntoEmpty":
+                kw["pack_onto_empty"] = _bool(value, path)
             elif key == "spotToSpot":
                 kw["spot_to_spot"] = repackopts.spot_to_spot(value, path)
             elif key == "emptyWait":
@@ -177,6 +181,7 @@ class ControllerConfig:
                     "evictMaxPodAge",
                     "repack",
                     "spotToSpot",
+                    "packOntoEmpty",
                     "name",
                     "settle",
                     "reconcileInterval",

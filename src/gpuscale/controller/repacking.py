@@ -6,6 +6,9 @@
 * ``repack``: when the ordinary pass decided nothing and nodes are being launched for pending pods (not as
   replacements), a second pass over the young underutilised candidates (every pod bound at most ``maxPodAge``)
   counts the room those nodes will have left after the pods they were launched for; its deletions are carried out.
+* ``packOntoEmpty: false``: Underutilized moves never land on empty nodes (moving a pod from one node onto an
+  empty one only swaps which node is empty, and the pod is evicted again once its new node is underutilised): the
+  pass's deletions of empty nodes stand, and the other candidates are passed again with the empty nodes cordoned.
 * ``spotToSpot``: when the pass (and repack) decided nothing, one spot node kept for want of a cheaper replacement
   is replaced by a cheaper spot node that takes all its pods.
 
@@ -19,13 +22,15 @@ from typing import TYPE_CHECKING
 
 from gpuscale.controller.config import ControllerConfig
 from gpuscale.controller.shell import DisruptionInputs, World
-from gpuscale.core.disruption import DisruptionPlan, plan_disruption
+from gpuscale.core.disruption import DisruptionPlan, DisruptionReason, KeepReason, plan_disruption
 from gpuscale.core.disruption.repack import (
     InFlight,
     RepackRule,
+    empty_nodes,
     hold_old_pods,
     repack_deletions,
     repack_inputs,
+    without_destinations,
     young_nodes,
 )
 from gpuscale.core.disruption.spotswap import swap_spot
@@ -37,7 +42,12 @@ if TYPE_CHECKING:
 
 def uses_config(cfg: ControllerConfig) -> bool:
     """True if ``evictMaxPodAge`` or ``repack`` is on."""
-    return cfg.evict_max_pod_age is not None or cfg.repack is not None or cfg.spot_to_spot is not None
+    return (
+        cfg.evict_max_pod_age is not None
+        or cfg.repack is not None
+        or cfg.spot_to_spot is not None
+        or not cfg.pack_onto_empty
+    )
 
 
 def uses_ages(ctrl: Controller) -> bool:
@@ -57,6 +67,8 @@ def apply_rules(
 ) -> DisruptionPlan:
     """``dp`` after ``evictMaxPodAge`` and ``repack`` (each a no-op when off)."""
     cfg = ctrl.config
+    if not cfg.pack_onto_empty and any(a.reason is DisruptionReason.UNDERUTILIZED and a.pods for a in dp.actions):
+        dp = _not_onto_empty(ctrl, dp, inputs, candidates, disrupting, w)
     if cfg.evict_max_pod_age is not None and dp.actions:
         dp = hold_old_pods(dp, started, cfg.evict_max_pod_age, w.now)
     if cfg.repack is not None and not dp.actions:
@@ -124,3 +136,42 @@ def _repack(
         return dp
     gone = {a.node for a in deletions}
     return DisruptionPlan(deletions, tuple(k for k in dp.kept if k.node not in gone), dp.since)
+
+
+def _not_onto_empty(
+    ctrl: Controller,
+    dp: DisruptionPlan,
+    inputs: DisruptionInputs,
+    candidates: set[str],
+    disrupting: set[str],
+    w: World,
+) -> DisruptionPlan:
+    """``packOntoEmpty: false``: the pass's actions on empty nodes, then a pass over the other candidates with the
+    empty nodes cordoned and those actions counted as disruptions under way (budgets). Its nodes kept because their
+    pods fit nowhere are not reported as kept: a pod binding to an empty node makes it a destination, which does not
+    end a consolidation rest."""
+    empties = empty_nodes(inputs.nodes, inputs.pods, disrupting)
+    if not empties:
+        return dp
+    first = tuple(a for a in dp.actions if a.node in empties)
+    gone = {a.node for a in first}
+    second = plan_disruption(
+        without_destinations(inputs.nodes, empties),
+        inputs.pods,
+        list(ctrl.pools.values()),
+        ctrl.catalog,
+        w.now,
+        since=dp.since,
+        candidates=candidates - empties,
+        disrupting=disrupting | gone,
+        protected=set(inputs.protected),
+        pdbs=w.pdbs,
+        utilization=w.utilization,
+        unavailable=inputs.unavailable,
+        allow_replace=ctrl.config.replace_nodes,
+        workloads=ctrl.gpr.workloads or None,
+    )
+    unfit = (KeepReason.NO_REPLACEMENT, KeepReason.PODS_DO_NOT_FIT)
+    kept = [k for k in dp.kept if k.node in empties]
+    kept += [k for k in second.kept if k.reason not in unfit]
+    return DisruptionPlan(first + second.actions, tuple(kept), dp.since)

@@ -136,3 +136,23 @@ def repack_deletions(plan: DisruptionPlan, young: Collection[str]) -> tuple[Disr
         for a in plan.actions
         if a.kind is ActionKind.DELETE and a.reason is DisruptionReason.UNDERUTILIZED and a.node in young
     )
+
+
+def empty_nodes(nodes: Sequence[Node], pods: Sequence[Pod], disrupting: Collection[str]) -> set[str]:
+    """The schedulable, ready nodes of a pool with no workload pod bound (pending pods planned onto a node count as
+    bound there) and not being disrupted: where an Underutilized move would only swap which node is empty."""
+    busy = {p.node_name for p in pods if p.node_name is not None and not p.is_daemonset}
+    return {
+        n.name
+        for n in nodes
+        if n.pool is not None
+        and not n.launching
+        and not n.unschedulable
+        and n.name not in busy
+        and n.name not in disrupting
+    }
+
+
+def without_destinations(nodes: Sequence[Node], names: Collection[str]) -> list[Node]:
+    """``nodes`` with ``names`` cordoned (a pass neither moves pods onto them nor considers them)."""
+    return [replace(n, unschedulable=True) if n.name in names else n for n in nodes]
