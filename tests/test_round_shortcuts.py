@@ -4,18 +4,21 @@ reused when the cluster returns the same list): each must give exactly what the 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuscale.controller.loop import make_controller
 from gpuscale.controller.rounds import Observation
-from gpuscale.controller.shell import World
-from gpuscale.core.model import Pod
+from gpuscale.controller.shell import ShellBase, World
+from gpuscale.core.model import NodePool, Pod
 from gpuscale.core.nodeclaim import ClaimPhase
 from gpuscale.core.reconcile import sync_claims
 from gpuscale.sim.commands import simulate_policy
+from gpuscale.sim.runner import build_world
 from gpuscale.sim.scenario import load_scenario
 from test_reconcile_core import FLEET, RULES, apply, claim, cloud, k8s, observations
 
@@ -100,10 +103,16 @@ def test_the_same_pod_list_gives_the_same_pods_and_grouping() -> None:
 # ------------------------------------------------------------------------------------------------ whole runs
 @pytest.fixture
 def no_shortcuts(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]]:
-    """Turns the round's shortcuts off (every sync runs, the pods are filtered and grouped every round)."""
+    """Turns the round's shortcuts off (every sync runs, the pods are filtered and grouped every round, a node's
+    pool is looked up every time)."""
+
+    def pool_of_node(self: ShellBase, name: str) -> NodePool | None:
+        found = self.claims.by_node_name(name)
+        return self.pools.get(found[1].pool) if found is not None else None
 
     def off() -> None:
         monkeypatch.setattr(Observation, "sync_needed", lambda self, version: True)
+        monkeypatch.setattr(ShellBase, "_pool_of_node", pool_of_node)
         monkeypatch.setattr(Observation, "live_pods", lambda self, pods, ok: ([p for p in pods if p.phase in ok], None))
 
     yield off
@@ -122,3 +131,22 @@ def test_runs_with_and_without_the_shortcuts_are_identical(path: str, no_shortcu
     no_shortcuts()
     assert Observation(None).sync_needed(0)  # the class the controller builds its Observation from
     assert _run(path) == with_shortcuts
+
+
+def test_the_pool_of_a_node_follows_the_claims() -> None:
+    scenario = load_scenario("examples/demo.yaml")
+    engine, cloud_, cluster = build_world(scenario)
+    pools = (*scenario.pools, NodePool("other"))
+    ctrl = make_controller(
+        backend=cluster, provider=cloud_, pools=pools, catalog=scenario.catalog, clock=engine.clock, config={}
+    )
+    c = claim("r1", ClaimPhase.INITIALIZED, node_id="n1", name="node-1")
+    assert ctrl._pool_of_node("node-1") is None
+    ctrl.claims["r1"] = c
+    assert ctrl._pool_of_node("node-1") is ctrl.pools["gpu"]
+    ctrl.claims["r1"] = replace(c, pool="other")
+    assert ctrl._pool_of_node("node-1") is ctrl.pools["other"]
+    ctrl.claims["r1"] = replace(c, node_name="node-2")
+    assert ctrl._pool_of_node("node-1") is None and ctrl._pool_of_node("node-2") is ctrl.pools["gpu"]
+    del ctrl.claims["r1"]
+    assert ctrl._pool_of_node("node-2") is None

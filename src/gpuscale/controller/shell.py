@@ -263,8 +263,18 @@ class ShellBase:
         return template_labels(pool, it, off), pool.taints
 
     def _pool_of_node(self, name: str) -> NodePool | None:
+        """The pool of the claim of node ``name`` (asked for every consolidation candidate several times a round:
+        the answers are kept until the claim table or the pools change)."""
+        claims = self.claims
+        memo = self.__dict__.get("_pool_memo")
+        if memo is None or memo[0] != claims.version or memo[1] is not claims or memo[2] is not self.pools:
+            memo = self.__dict__["_pool_memo"] = (claims.version, claims, self.pools, {})
+        known: dict[str, NodePool | None] = memo[3]
+        if name in known:
+            return known[name]
         found = self._claim_by_node_name(name)
-        return self.pools.get(found[1].pool) if found is not None else None
+        pool = known[name] = self.pools.get(found[1].pool) if found is not None else None
+        return pool
 
     def _record(self, now: float, kind: EventKind, obj: str, reason: str, message: str, **data: object) -> None:
         self.backend.record(Event(now, str(kind), obj, reason, message, data))
