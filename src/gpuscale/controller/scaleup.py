@@ -38,6 +38,10 @@ class ScaleUpSteps(ShellBase):
     """Scale-up and ``minNodes`` (part of :class:`~gpuscale.controller.loop.Controller`)."""
 
     scaleup: ScaleUpState
+    _still_empty: tuple[tuple[str, ...], PlanningMemo] | None = None
+    """(pending pods, memo) of the last round, when its gate found only statically blocked pods pending (``EMPTY``):
+    a round with the same pending pods, no pod to move, no plan forced and the same memo object decides the same
+    (the batch window was closed, nothing else the gate reads before ``EMPTY`` changed), so it returns at once."""
 
     def _retry_requested(self, w: World, result: ReconcileResult) -> None:
         for key, c in self.claims.in_phases((ClaimPhase.REQUESTED,)):
@@ -80,7 +84,12 @@ class ScaleUpSteps(ShellBase):
         now = w.now
         st = self.scaleup
         real, virtual = self._pending(w)
-        closed = st.batch.update((p.key for p in real), now)
+        keys = tuple(p.key for p in real)
+        steady = self._still_empty
+        if steady is not None and not virtual and not st.force and steady[1] is st.memo and steady[0] == keys:
+            return
+        self._still_empty = None
+        closed = st.batch.update(keys, now)
         in_flight: tuple[set[str], set[str]] | None = None
         static = st.memo.static_blocked
         if (virtual or any(p.key not in static for p in real)) and (closed or st.force):
@@ -106,6 +115,7 @@ class ScaleUpSteps(ShellBase):
             return
         if gate is Gate.EMPTY:
             st.batch.close()
+            self._still_empty = (keys, st.memo)
             return
         if gate in (Gate.COVERED, Gate.UNCHANGED):
             if st.check:

@@ -1,0 +1,73 @@
+"""Whole simulated runs are identical with the scale-up's shortcuts on and off: the planner's (single candidates not
+scored, memoised choices, pool totals only where read, the integer program's bound and small-program answers) and
+the shell's (a round like the last ``EMPTY`` one returns at once)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuscale.controller import scaleup
+from gpuscale.sim.commands import simulate_policy
+from gpuscale.sim.scenario import load_scenario
+from test_planner_fastpaths import _slow
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TOO_LARGE = """  - source: burst
+    count: 2
+    at: 3h
+    shape: {cpu: 4, memory: 16Gi, gpus: 64}
+    runtime: 1h
+policy:
+"""
+"""Two pods no offering holds: pending for the rest of the day, so most rounds see only them (gate ``EMPTY``)."""
+
+
+def _run(path: Path) -> tuple[Any, ...]:
+    res = simulate_policy(load_scenario(path), "gpuscale")
+    events = [(e.at, e.kind, e.object, e.reason, e.message) for e in res.cluster.events]
+    report = {k: v for k, v in res.report.items() if k != "wallSeconds"}
+    return events, [repr(n) for n in res.cloud.launched()], res.reconcile_times, report
+
+
+@pytest.fixture
+def scenario(tmp_path: Path) -> Path:
+    text = (ROOT / "examples" / "demo.yaml").read_text()
+    assert text.count("policy:\n") == 1
+    path = tmp_path / "demo-too-large.yaml"
+    path.write_text(text.replace("policy:\n", TOO_LARGE))
+    return path
+
+
+def test_runs_with_and_without_the_scale_up_shortcuts_are_identical(
+    scenario: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gates: list[object] = []
+    real_gate = scaleup.gate_scale_up
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        verdict = real_gate(*args, **kwargs)
+        gates.append(verdict.gate)
+        return verdict
+
+    monkeypatch.setattr(scaleup, "gate_scale_up", counting)
+    fast = _run(scenario)
+    rounds, asked = len(fast[2]), len(gates)
+    assert scaleup.Gate.EMPTY in gates and asked < rounds - 100  # the EMPTY shortcut was taken, many times
+    with pytest.MonkeyPatch.context() as mp:
+        _slow(mp)
+        mp.setattr(scaleup.ScaleUpSteps, "_still_empty", property(lambda self: None, lambda self, value: None))
+        gates.clear()
+        slow = _run(scenario)
+        assert len(gates) == rounds  # every round asked the gate
+    assert slow == fast
+
+
+def test_ack_spot_run_is_identical_without_the_planner_shortcuts(monkeypatch: pytest.MonkeyPatch) -> None:
+    path = ROOT / "benchmarks" / "scenarios" / "ack-spot.yaml"
+    fast = _run(path)
+    _slow(monkeypatch)
+    assert _run(path) == fast
