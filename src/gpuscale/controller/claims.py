@@ -29,6 +29,8 @@ class ClaimTable(dict[str, NodeClaim]):
         self._named: dict[str, dict[str, None]] = {}
         self.version = 0
         """Counts changes (a claim added, replaced by a different object, or removed)."""
+        self._memo: tuple[int, dict[object, list[tuple[str, NodeClaim]]]] = (-1, {})
+        """(version, phases -> :meth:`in_phases`'s answer at that version)."""
         self.listener: Callable[[str, NodeClaim | None], None] | None = None
         """Told of each change: (key, new claim), or (key, None) when the claim is removed (the change feed)."""
 
@@ -100,7 +102,19 @@ class ClaimTable(dict[str, NodeClaim]):
 
     def in_phases(self, phases: Iterable[ClaimPhase]) -> list[tuple[str, NodeClaim]]:
         """(key, claim) of every claim in one of ``phases``, in table order (a list: safe to change the table while
-        going through it)."""
+        going through it). Asked several times a round with the same phases: the answers for a frozenset or tuple
+        of phases are kept until the table changes (``version``), and each caller gets its own copy."""
+        if not isinstance(phases, frozenset | tuple):
+            return self._in_phases(phases)
+        memo = self._memo
+        if memo[0] != self.version:
+            memo = self._memo = (self.version, {})
+        found = memo[1].get(phases)
+        if found is None:
+            found = memo[1][phases] = self._in_phases(phases)
+        return list(found)
+
+    def _in_phases(self, phases: Iterable[ClaimPhase]) -> list[tuple[str, NodeClaim]]:
         keys: list[str] = []
         for p in phases:
             if in_phase := self._phase_keys[p]:
