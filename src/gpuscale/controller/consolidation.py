@@ -142,6 +142,8 @@ class ConsolidationGate:
         self._classified: tuple[frozenset[str], dict[str, DisruptionReason]] | None = None
         """The candidates and their reasons at the last classification (reused while nothing touched them)."""
         self.last_evaluation = -math.inf
+        self.candidate_nodes: tuple[object, set[str]] = (None, set())
+        """(what the candidate node set was made from, the set): kept by the consolidation step between rounds."""
         self.memo = PassMemo()
         """The passes' rows and last all-kept pass (reused only where the pass provably decides the same)."""
         self.mismatches: list[Mismatch] = []
@@ -372,6 +374,26 @@ class ConsolidationGate:
         ):  # the same candidates, each with a reason kept from the last look and none touched: the same answer
             return self._classified[1]
         pools = self.pools
+        if not measured and self._classified is not None and len(known) == len(candidates):
+            prev_candidates, prev_out = self._classified
+            if candidates == prev_candidates:  # the same candidates, all known: only the touched ones change
+                known = dict(known)
+                changed = dict(prev_out)
+                for name in touched & candidates:
+                    n = nodes.get(name)
+                    pool = pools.get(n.pool or "") if n is not None else None
+                    if n is None or pool is None or n.unschedulable or n.launching:
+                        del known[name]  # (as below: no reason kept, looked at again next time)
+                        changed.pop(name, None)
+                        continue
+                    why = known[name] = classify_node(n, pool, by_node.get(name, []), utilization)
+                    if why is None:
+                        changed.pop(name, None)
+                    else:
+                        changed[name] = why
+                self.classes = known
+                self._classified = (prev_candidates, changed)
+                return changed
         cache: dict[str, DisruptionReason | None] = {}
         out: dict[str, DisruptionReason] = {}
         for name in candidates:

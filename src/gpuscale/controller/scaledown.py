@@ -34,7 +34,7 @@ from gpuscale.providers.base import CloudNodeState
 
 _FLYING = (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED)
 """Claim phases whose node may be in flight (a pass counts it as a launching node)."""
-_PLANNING = frozenset((ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED))
+_PLANNING = (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED)
 """Claim phases whose pods are planned onto the claim's node once it is listed."""
 
 
@@ -46,21 +46,28 @@ class ScaleDownSteps(ShellBase):
         if not self.config.consolidation:
             return
         gate = self.gate
-        candidates: set[str] = set()
         replacing = self.replacements.by_old
         disrupting: set[str] = set(replacing)
         held = self.gpr.keys(self.claims)  # a GPR's nodes are never consolidated while it holds them
-        for key, c in self.claims.items():
-            name = c.node_name
-            # neither a node being replaced nor one of its (already ready) replacements is a candidate
-            if (
-                name
-                and c.phase is ClaimPhase.INITIALIZED
-                and name not in replacing
-                and c.replaces not in replacing
-                and key not in held
-            ):
-                candidates.add(name)
+        # the candidate nodes depend on the claims, the nodes being replaced and the held claims only: kept while the
+        # claim table's version and those two are the same (nothing changes the set once made)
+        key_of_candidates = (self.claims, self.claims.version, frozenset(replacing), held)
+        if gate.candidate_nodes[0] == key_of_candidates:
+            candidates = gate.candidate_nodes[1]
+        else:
+            candidates = set()
+            for key, c in self.claims.items():
+                name = c.node_name
+                # neither a node being replaced nor one of its (already ready) replacements is a candidate
+                if (
+                    name
+                    and c.phase is ClaimPhase.INITIALIZED
+                    and name not in replacing
+                    and c.replaces not in replacing
+                    and key not in held
+                ):
+                    candidates.add(name)
+            gate.candidate_nodes = (key_of_candidates, candidates)
         disrupting.update(c.node_name for _, c in self.claims.in_phases(LEAVING) if c.node_name)
         by_node = w.by_node()
         unavailable_now = frozenset(k for k, t in self.availability.offerings.items() if t > now)
@@ -175,8 +182,8 @@ class ScaleDownSteps(ShellBase):
         """Pending pods already planned onto existing nodes (pod key -> node name)."""
         nodes = w.nodes
         planned = {k: v for k, v in self.scaleup.planned_on_node.items() if v in nodes}
-        for c in self.claims.values():
-            if c.phase in _PLANNING and (name := c.node_name) in nodes:
+        for _, c in self.claims.in_phases(_PLANNING):
+            if (name := c.node_name) in nodes:
                 for k in c.pods:
                     if k not in planned:
                         planned[k] = name
@@ -196,8 +203,8 @@ class ScaleDownSteps(ShellBase):
         if gpr_keys:  # a GPR's nodes are outside the pools' accounting here (minNodes, budgets): never disrupted
             held = {c.node_name for k in gpr_keys if (c := self.claims[k]).node_name}
             nodes = [replace(n, pool=None) if n.name in held else n for n in nodes]
-        for key, c in self.claims.items():
-            if c.phase in (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED) and c.node_name not in w.nodes:
+        for key, c in self.claims.in_phases(_FLYING):
+            if c.node_name not in w.nodes:
                 if key in gpr_keys:
                     continue
                 nodes.append(self._launching_node(key, c))
