@@ -162,14 +162,19 @@ class ClusterState:
         """Take ``req``'s resources on node ``i``. Raises ValueError if it does not fit."""
         if not self.fits_one(req, i):
             raise ValueError(f"request does not fit on node {self.names[i]}")
-        gpus = self.choose_gpus(req, i)
         self.cpu_free[i] -= req.cpu_milli
         self.mem_free[i] -= req.memory_mib
         self.pods_free[i] -= 1
+        if not req.gpus and not req.gpu_milli:
+            return Placement(i, ())  # no GPU taken: the GPU columns stay as they are
+        gpus = self.choose_gpus(req, i)
         take = MILLI_PER_GPU if req.gpus else req.gpu_milli
+        row = self.gpu_free[i].tolist()  # the update and _refresh on one copy of the row
         for g in gpus:
-            self.gpu_free[i, g] -= take
-        self._refresh(i)
+            row[g] -= take
+            self.gpu_free[i, g] = row[g]
+        self.full_free[i] = row.count(MILLI_PER_GPU)
+        self.max_free[i] = max(row)
         return Placement(i, gpus)
 
     def occupy(self, req: Request, i: int) -> Placement:
