@@ -235,3 +235,20 @@ def test_room_that_lets_the_total_room_filter_pass_runs_the_pass() -> None:
     assert "2 pod(s)" in before.kept[0].message
     again, memo = _twice(nodes, pods, pods[:3])
     assert memo.hits == 0 and "1 pod(s)" in again.kept[0].message
+
+
+def test_pass_inputs_are_equal_only_when_every_part_is() -> None:
+    """The consolidation step's unchanged-inputs key: equal when the small inputs, the nodes (name, cordon,
+    allocatable, launching) and the bound pods (key, node) are; pending pods and the lists' order do not count."""
+    from gpuscale.controller.consolidation import PassInputs
+
+    nodes = [_node("a", "g1", POOL), _node("b", "g4", POOL)]
+    pods = [_pod("x", "a", gpus=1), _pod("y", None)]
+    small = (frozenset({"a"}), frozenset(), frozenset(), frozenset(), None)
+    same = PassInputs(small, nodes, pods)
+    assert same == PassInputs(small, list(reversed(nodes)), [pods[1], replace(pods[0])])
+    assert same == PassInputs(small, nodes, [pods[0]])  # a pending pod is not part of it
+    assert same != PassInputs((frozenset({"b"}), *small[1:]), nodes, pods)
+    assert same != PassInputs(small, [nodes[0], replace(nodes[1], unschedulable=True)], pods)
+    assert same != PassInputs(small, nodes, [replace(pods[0], node_name="b"), pods[1]])
+    assert same != None  # noqa: E711 (the gate's key before the first pass)

@@ -96,6 +96,34 @@ def budget_edge(pool: NodePool, now: float) -> float:
     return edge
 
 
+class PassInputs:
+    """The unchanged-inputs skip's key: the small inputs (candidates, disruptions, protected nodes, unavailable
+    offerings, measured utilisation) and the nodes (name, cordon, allocatable, launching) and bound pods (key, node)
+    of a pass. Equal when all are; the node and pod sets are made only when the small inputs are equal (most passes
+    differ there already). ``nodes`` and ``pods`` are the pass's own lists (never changed afterwards)."""
+
+    __slots__ = ("_big", "nodes", "pods", "small")
+
+    def __init__(self, small: tuple[object, ...], nodes: Sequence[Node], pods: Sequence[Pod]) -> None:
+        self.small = small
+        self.nodes = nodes
+        self.pods = pods
+        self._big: tuple[frozenset[object], frozenset[object]] | None = None
+
+    def big(self) -> tuple[frozenset[object], frozenset[object]]:
+        if self._big is None:
+            self._big = (
+                frozenset((n.name, n.unschedulable, n.allocatable, n.launching) for n in self.nodes),
+                frozenset((p.key, p.node_name) for p in self.pods if p.node_name is not None),
+            )
+        return self._big
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PassInputs) and self.small == other.small and self.big() == other.big()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 @dataclass(frozen=True, slots=True)
 class Mismatch:
     """A round where the cached decisions differ from the uncached reference (check mode)."""
@@ -191,7 +219,8 @@ class ConsolidationGate:
         """The candidates due for a pass now: reasons refreshed where something changed, clocks started, resting
         nodes left out (unless what rests them changed). ``planned``: pending pods the pass places on nodes (pod
         key -> node name; they hold room there and do not count as disrupted for PDBs); ``flying``: claims of nodes
-        in flight (the pass counts them in its pools' totals for budgets and minNodes)."""
+        in flight (the pass counts them in its pools' totals for budgets and minNodes). Only the unbound ones of
+        ``pods`` are read (the pending pods)."""
 
         def on_node(name: str) -> frozenset[str]:
             return frozenset(p.key for p in by_node.get(name, ()))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+from gpuscale.controller.consolidation import PassInputs
 from gpuscale.controller.shell import LEAVING, DisruptionInputs, ReconcileResult, ShellBase, World
 from gpuscale.core.disruption import (
     ActionKind,
@@ -79,7 +80,7 @@ class ScaleDownSteps(ShellBase):
             disrupting,
             w.nodes,
             by_node,
-            w.pods,
+            w.unbound(),
             bool(w.pdbs),
             w.utilization,
             unavailable_now,
@@ -101,14 +102,16 @@ class ScaleDownSteps(ShellBase):
             candidates = set(due)  # nodes still waiting out consolidateAfter cannot be acted on this round
             inputs = self._disruption_inputs(w, planned)
             protected = inputs.protected
-            signature = (
-                frozenset((n.name, n.unschedulable, n.allocatable, n.launching) for n in inputs.nodes),
-                frozenset((p.key, p.node_name) for p in inputs.pods if p.node_name is not None),
-                frozenset(candidates),
-                frozenset(disrupting),
-                protected,
-                frozenset(inputs.unavailable),
-                frozenset((k, round(v, 1)) for k, v in w.utilization.items()) if gate.measured else None,
+            signature = PassInputs(
+                (
+                    frozenset(candidates),
+                    frozenset(disrupting),
+                    protected,
+                    frozenset(inputs.unavailable),
+                    frozenset((k, round(v, 1)) for k, v in w.utilization.items()) if gate.measured else None,
+                ),
+                inputs.nodes,
+                inputs.pods,
             )
             if gate.inputs_changed(signature, now, self._pool_of_node):
                 dp = self._disruption_pass(inputs, candidates, disrupting, gate.since, w, gate.memo)
