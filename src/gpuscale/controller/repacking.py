@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from gpuscale.controller.config import ControllerConfig
 from gpuscale.controller.shell import DisruptionInputs, World
-from gpuscale.core.disruption import DisruptionPlan, DisruptionReason, KeepReason, plan_disruption
+from gpuscale.core.disruption import DisruptionPlan, KeepReason, plan_disruption
 from gpuscale.core.disruption.repack import (
     InFlight,
     RepackRule,
@@ -34,6 +34,7 @@ from gpuscale.core.disruption.repack import (
     young_nodes,
 )
 from gpuscale.core.disruption.spotswap import swap_spot
+from gpuscale.core.model import Node
 from gpuscale.core.nodeclaim import IN_FLIGHT
 
 if TYPE_CHECKING:
@@ -65,10 +66,11 @@ def apply_rules(
     w: World,
     started: Mapping[str, float],
 ) -> DisruptionPlan:
-    """``dp`` after ``evictMaxPodAge`` and ``repack`` (each a no-op when off)."""
+    """``dp`` after ``packOntoEmpty``, ``evictMaxPodAge``, ``repack`` and ``spotToSpot`` (each a no-op when off)."""
     cfg = ctrl.config
-    if not cfg.pack_onto_empty and any(a.reason is DisruptionReason.UNDERUTILIZED and a.pods for a in dp.actions):
-        dp = _not_onto_empty(ctrl, dp, inputs, candidates, disrupting, w)
+    unkeep: set[str] = set()
+    if not cfg.pack_onto_empty:
+        dp, unkeep = _not_onto_empty(ctrl, dp, inputs, candidates, disrupting, w)
     if cfg.evict_max_pod_age is not None and dp.actions:
         dp = hold_old_pods(dp, started, cfg.evict_max_pod_age, w.now)
     if cfg.repack is not None and not dp.actions:
@@ -85,6 +87,8 @@ def apply_rules(
             cfg.spot_to_spot,
             started,
         )
+    if unkeep:
+        dp = DisruptionPlan(dp.actions, tuple(k for k in dp.kept if k.node not in unkeep), dp.since)
     return dp
 
 
@@ -145,33 +149,34 @@ def _not_onto_empty(
     candidates: set[str],
     disrupting: set[str],
     w: World,
-) -> DisruptionPlan:
-    """``packOntoEmpty: false``: the pass's actions on empty nodes, then a pass over the other candidates with the
-    empty nodes cordoned and those actions counted as disruptions under way (budgets). Its nodes kept because their
-    pods fit nowhere are not reported as kept: a pod binding to an empty node makes it a destination, which does not
-    end a consolidation rest."""
+) -> tuple[DisruptionPlan, set[str]]:
+    """``packOntoEmpty: false``: a pass over the empty candidates, then one over the others with the empty nodes
+    cordoned and the first pass's actions counted as disruptions under way (budgets). Also returns the nodes that
+    pass kept because their pods fit nowhere: the caller does not report them as kept (a pod binding to an empty
+    node makes it a destination, which does not end a consolidation rest)."""
     empties = empty_nodes(inputs.nodes, inputs.pods, disrupting)
-    if not empties:
-        return dp
-    first = tuple(a for a in dp.actions if a.node in empties)
-    gone = {a.node for a in first}
-    second = plan_disruption(
-        without_destinations(inputs.nodes, empties),
-        inputs.pods,
-        list(ctrl.pools.values()),
-        ctrl.catalog,
-        w.now,
-        since=dp.since,
-        candidates=candidates - empties,
-        disrupting=disrupting | gone,
-        protected=set(inputs.protected),
-        pdbs=w.pdbs,
-        utilization=w.utilization,
-        unavailable=inputs.unavailable,
-        allow_replace=ctrl.config.replace_nodes,
-        workloads=ctrl.gpr.workloads or None,
-    )
-    unfit = (KeepReason.NO_REPLACEMENT, KeepReason.PODS_DO_NOT_FIT)
-    kept = [k for k in dp.kept if k.node in empties]
-    kept += [k for k in second.kept if k.reason not in unfit]
-    return DisruptionPlan(first + second.actions, tuple(kept), dp.since)
+    if not empties or not candidates - empties:
+        return dp, set()
+
+    def run(nodes: list[Node], only: set[str], busy: set[str]) -> DisruptionPlan:
+        return plan_disruption(
+            nodes,
+            inputs.pods,
+            list(ctrl.pools.values()),
+            ctrl.catalog,
+            w.now,
+            since=dp.since,
+            candidates=only,
+            disrupting=disrupting | busy,
+            protected=set(inputs.protected),
+            pdbs=w.pdbs,
+            utilization=w.utilization,
+            unavailable=inputs.unavailable,
+            allow_replace=ctrl.config.replace_nodes,
+            workloads=ctrl.gpr.workloads or None,
+        )
+
+    first = run(list(inputs.nodes), candidates & empties, set())
+    second = run(without_destinations(inputs.nodes, empties), candidates - empties, {a.node for a in first.actions})
+    unfit = {k.node for k in second.kept if k.reason in (KeepReason.NO_REPLACEMENT, KeepReason.PODS_DO_NOT_FIT)}
+    return DisruptionPlan(first.actions + second.actions, first.kept + second.kept, dp.since), unfit
