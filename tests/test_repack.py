@@ -366,3 +366,48 @@ def test_pack_onto_empty_setting() -> None:
     with pytest.raises(InputError) as err:
         ControllerConfig.from_policy({"packOntoEmpty": "no"})
     assert "policy.packOntoEmpty" in str(err.value) and "true or false" in str(err.value)
+
+
+SPOT_SIM = """
+name: spot
+seed: 1
+duration: 6h
+catalog: x
+pools:
+  - name: gpu
+    capacityTypes: [spot]
+    disruption: {{consolidationPolicy: WhenEmptyOrUnderutilized, consolidateAfter: 5m, consolidateEmptyAfter: 30m}}
+cloud:
+  launchLatency: 30s
+  registrationLatency: 30s
+  devicePluginDelay: 60s
+workload:
+  - source: burst
+    prefix: wide
+    count: 1
+    at: 0s
+    runtime: 10m
+    shape: {{cpu: 24, memory: 8Gi, gpus: 1}}
+  - source: burst
+    prefix: small
+    count: 1
+    at: 20m
+    runtime: 5h
+    shape: {{cpu: 2, memory: 4Gi, gpuMilli: 300}}
+policy: {{name: gpuscale{extra}}}
+"""
+
+
+def test_spot_to_spot_moves_a_small_pod_off_a_big_warm_spot_node() -> None:
+    # The wide pod buys the big spot node and leaves; the small pod lands on it while it is kept warm. No on-demand
+    # node is cheaper than a spot node, so by default the small pod keeps the big node for 5 h; with spotToSpot it
+    # moves to the tiny spot node.
+    runs = {}
+    for extra in ("", ", spotToSpot: true"):
+        sc = parse_scenario(SPOT_SIM.format(extra=extra), source="s.yaml", catalog=SPOT_CAT)
+        runs[extra] = simulate_policy(sc, "gpuscale")
+    plain, swap = runs[""], runs[", spotToSpot: true"]
+    assert not [e for e in plain.cluster.events if e.kind == "Consolidate" and "spot to spot" in e.message]
+    (e,) = [e for e in swap.cluster.events if e.kind == "Consolidate" and "spot to spot" in e.message]
+    assert "replace by tiny spot" in e.message
+    assert swap.report["costUsd"] < plain.report["costUsd"] and swap.report["duplicateLaunches"] == 0
