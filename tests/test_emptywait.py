@@ -117,6 +117,14 @@ def test_time_of_day_counts_the_coming_window_of_past_days() -> None:
     assert empty_wait(times, pods, 0.0, now, ONE, EmptyWaitSpec(cold_start_s=360.0)).wait_s is None
 
 
+def test_empty_nodes_of_one_shape_share_its_arrivals() -> None:
+    # twenty pods in the hour: $1.27/h of saving pays for two $0.60/h nodes of the shape, not for a third
+    times, pods = arrivals(*[(100.0 * k + 50, pod(f"p{k}", gpus=1)) for k in range(20)])
+    assert empty_wait(times, pods, 0.0, 3600.0, ONE, SPEC, rank=2).wait_s == SPEC.max_wait_s
+    third = empty_wait(times, pods, 0.0, 3600.0, ONE, SPEC, rank=3)
+    assert third.wait_s is None and "x 3 (empty node 3 of its shape)" in third.reason
+
+
 def test_margin_asks_for_more_saving_than_the_price() -> None:
     times, pods = arrivals(*[(100.0 * k + 50, pod(f"p{k}", gpus=1)) for k in range(10)])
     assert empty_wait(times, pods, 0.0, 3600.0, ONE, SPEC).wait_s == SPEC.max_wait_s

@@ -69,6 +69,7 @@ class EmptyWaits:
         by_node = w.by_node()
         out: dict[str, EmptyWait] = {}
         look = math.inf
+        empty: list[tuple[tuple[str, str], float, str, Shape]] = []
         for _, c in claims.items():
             name = c.node_name
             if c.phase is not ClaimPhase.INITIALIZED or not name:
@@ -77,7 +78,13 @@ class EmptyWaits:
             if node is None or node.unschedulable or any(not p.is_daemonset for p in by_node.get(name, ())):
                 continue
             shape = Shape(node.allocatable, c.hourly_price, node.labels, node.taints, node.gpu_model)
-            d = empty_wait(self.times, self.pods, self.first_seen, w.now, shape, self.spec)
+            empty.append(((c.pool, c.instance_type), c.hourly_price, name, shape))
+        ranks: dict[tuple[str, str], int] = {}
+        for kind, _, name, shape in sorted(empty, key=lambda e: (e[0], e[1], e[2])):
+            rank = ranks[kind] = ranks.get(kind, 0) + 1
+            d = empty_wait(
+                self.times, self.pods, self.first_seen, w.now, shape, self.spec, rank if self.spec.share_arrivals else 1
+            )
             before = self.decisions.get(name)
             if d.wait_s is not None and (before is None or before.wait_s is None):
                 self.stats.kept += 1

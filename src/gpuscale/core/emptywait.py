@@ -8,6 +8,8 @@ estimates the saving per hour of keeping the node from the pods that fitted it a
 (and, with ``days``, in the coming ``window_s`` of each of the last ``days`` days: the time-of-day forecast, their
 mean), and keeps the node for ``max_wait_s`` when that saving pays its price, else lets it go after the pool's own
 empty wait. Expensive shapes that few arriving pods fit go at once; cheap shapes many pods fit are kept warm.
+Empty nodes of one shape share its arrivals (``share_arrivals``): the k-th cheapest is kept only if the saving
+pays k times its price.
 
 Pure: arrivals are ``(time, Pod)`` pairs the caller records; the node is described by :class:`Shape`.
 """
@@ -42,6 +44,9 @@ class EmptyWaitSpec:
     """Time-of-day forecast over this many past days (0: recent arrivals only)."""
     margin: float = 1.0
     """Keep when the saving per hour is at least ``margin`` times the node's price."""
+    share_arrivals: bool = True
+    """Empty nodes of one shape share its arrivals: the k-th cheapest is kept only if they pay k times its price
+    (the pods reach it only after the k - 1 before it are taken)."""
 
     @property
     def history_s(self) -> float:
@@ -103,10 +108,18 @@ def _savings(
 
 
 def empty_wait(
-    times: Sequence[float], pods: Sequence[Pod], first_seen: float, now: float, shape: Shape, spec: EmptyWaitSpec
+    times: Sequence[float],
+    pods: Sequence[Pod],
+    first_seen: float,
+    now: float,
+    shape: Shape,
+    spec: EmptyWaitSpec,
+    rank: int = 1,
 ) -> EmptyWait:
     """The empty wait of a node of ``shape`` (see the module docstring). ``times``/``pods``: the arrivals, sorted by
-    time; ``first_seen``: when observation started (past days before it are not counted)."""
+    time; ``first_seen``: when observation started (past days before it are not counted); ``rank``: the node is the
+    ``rank``-th empty node of its shape arriving pods would take (it is kept if the saving pays ``rank`` times its
+    price)."""
     hours = spec.window_s / 3600.0
     recent = _savings(times, pods, now - spec.window_s, now, shape, spec)
     recent_rate = sum(s for _, s in recent) / hours
@@ -120,10 +133,11 @@ def empty_wait(
         )
         seasonal_rate = total / hours / len(days)
     rate = max(recent_rate, seasonal_rate)
-    price = shape.hourly_price * spec.margin
+    price = shape.hourly_price * spec.margin * max(1, rank)
     why = (
         f"saving ${rate:.3f}/h (recent {len(recent)} fitting pod(s): ${recent_rate:.3f}/h; time of day over "
         f"{len(days)} day(s): ${seasonal_rate:.3f}/h) against ${shape.hourly_price:.3f}/h"
+        + (f" x {rank} (empty node {rank} of its shape)" if rank > 1 else "")
     )
     if rate < price or rate <= 0.0:
         return EmptyWait(None, rate, _next_arrival_change(now, days, spec), f"{why}: not kept")
