@@ -1,5 +1,5 @@
-"""What one disruption pass hands the next: the destination rows it built and, after a pass that kept every
-candidate, proof material that the next pass would keep them all again (:class:`PassMemo`).
+"""What one disruption pass hands the next: the destination rows it built and the candidates it kept, with what
+lets the next pass keep them again without judging them (:class:`PassMemo`).
 
 A caller that runs :func:`~gpuscale.core.disruption.plan_disruption` round after round over a cluster that changes
 a little passes one :class:`PassMemo` to every call. The results are those of a pass without it:
@@ -7,29 +7,31 @@ a little passes one :class:`PassMemo` to every call. The results are those of a 
 - **rows** (:class:`Row`): each destination node's free room with its bound pods (CPU, memory, milli-GPU, pod
   slots; per-GPU free milli-GPU, entirely free GPUs, the largest free share), reused while the node object and its
   bound pods are the same (equal, in the same order; anything else builds the row again).
-- **the last all-kept pass** (:class:`KeptPass`): a pass whose every candidate was kept (no action, none waiting out
-  consolidateAfter) is returned again when the new pass provably decides the same. With no action, no candidate's
-  evaluation changes the simulated cluster, so each candidate is judged alone against the pass's starting rows:
-  its node, pods, reason, price and clock (:class:`~gpuscale.core.disruption.values.Candidate`, ``since``), the
-  protected, disrupting and candidate sets, the pools' node counts, the budgets' verdicts, the offerings available
-  now (and the pools' totals when a pool has maxNodes or limits) decide everything except where its pods fit. Where
-  they fit is the best-fit packing over the rows, after two cheap filters (the total free room, and some pod fitting
-  some row). So the result holds when, besides the equal inputs above, the total-room filter gives the same answer
-  and every row that changed (new, gone or with other room) could take none of the candidate's pods, before or
-  after the change: such a row is never chosen, the other rows are the same in the same order, so the packing
-  places every pod as before and leaves the same pods over. Rows taking pods only ever lose room during a packing,
-  so "could take none" is judged on the row as it stands.
+- **judged candidates** (:class:`Judged`): a candidate kept (not waiting out consolidateAfter) before the pass
+  decided any action was judged against the pass's starting rows, since nothing changes the simulated cluster
+  before an action. The next pass keeps it again, without judging it, while it decides no action before it either
+  and: the candidate is equal (node, pods, reason, price) with the same clock and protection; the offerings
+  available now, pools, catalog and options are the same (and the pools' totals when a pool has maxNodes or
+  limits); its budget verdict blocks it or not as before (recomputed when its pool's node counts changed or the
+  pool has scheduled budgets); minNodes counts are the same if minNodes kept it; the total-room filter gives the
+  same answer; and every row that changed (new, gone or with other room) could take none of its pods, before or
+  after the change. Where its pods fit is the best-fit packing over the rows: a row that can take none of them is
+  never chosen, the other rows are the same in the same order, so the packing places every pod as before and
+  leaves the same pods over for the same replacement search. Rows only lose room during a packing, so "could take
+  none" is judged on the row as it stands. A judged candidate stays valid only from one pass to the next: one a
+  pass does not see, or sees after an action, is dropped.
 
-Passes with PodDisruptionBudgets are never reused (their allowances count every pod in the cluster).
+Passes with PodDisruptionBudgets reuse nothing (their allowances count every pod in the cluster).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuscale.core.disruption.candidates import CandidateMemo
-from gpuscale.core.disruption.values import BudgetVerdict, Candidate, DisruptionPlan, KeepReason
+from gpuscale.core.disruption.values import BudgetVerdict, Candidate, KeepReason, Kept
 from gpuscale.core.model import DisruptionBudget, Node, NodePool, Pod
 from gpuscale.core.predicates import static_fit
 from gpuscale.core.resources import MILLI_PER_GPU
@@ -130,45 +132,49 @@ def may_take(row: Row, pod: Pod, workloads: Mapping[str, Mapping[str, str]] | No
     return static_fit(pod, n.labels, n.taints, False, workloads) is None
 
 
-@dataclass(slots=True)
-class KeptPass:
-    """The last pass that kept every candidate, with what its result depended on."""
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """A candidate a pass kept, judged against the pass's starting rows, with what that depended on."""
 
-    now: float
-    key: tuple[object, ...]
-    """Inputs that must be equal (pools, catalog, options, protected candidates, offerings unavailable now)."""
-    order: list[str]
-    """The destination rows' names in order."""
-    cands: list[Candidate]
-    since: dict[str, float]
-    fits: dict[str, bool]
-    """Candidate -> the total-room filter's answer (candidates the pass judged that far)."""
-    verdicts: dict[str, BudgetVerdict]
-    """Candidate -> the budget verdict (candidates the pass judged that far)."""
-    counts: dict[str, int]
-    """Nodes per pool not being disrupted (minNodes)."""
-    budgets: dict[str, tuple[int, int]]
-    """Pool -> (its nodes, those being disrupted): a budget verdict's inputs besides the time."""
-    plan: DisruptionPlan
+    cand: Candidate
+    since: float
+    protected: bool
+    kept: Kept
+    fits: bool | None
+    """The total-room filter's answer (None: the pass did not judge it that far)."""
+    verdict: BudgetVerdict | None
+    """The budget verdict (None: the pass did not judge it that far)."""
 
 
 class PassMemo:
     """Carried by a caller from one :func:`~gpuscale.core.disruption.plan_disruption` call to the next (see the
-    module docstring): the last pass's rows and total free room, its candidates by node, and that pass if it kept
-    every candidate."""
+    module docstring): the last pass's rows and total free room, its candidates by node, and the candidates it kept
+    before deciding any action, with the inputs those verdicts shared."""
 
-    __slots__ = ("candidates", "hits", "kept", "rows", "total")
+    __slots__ = ("budgets", "candidates", "counts", "hits", "judged", "key", "now", "order", "reused", "rows", "total")
 
     def __init__(self) -> None:
         self.rows: dict[str, Row] = {}
         self.total: tuple[int, int, int, int] = (0, 0, 0, 0)
         self.candidates: dict[str, CandidateMemo] = {}
         """Node name -> its candidate (or None) and what it was computed from (``find_candidates``' cache)."""
-        self.kept: KeptPass | None = None
+        self.judged: dict[str, Judged] = {}
+        """Candidates the last pass kept while no action was decided yet (valid against :attr:`rows`)."""
+        self.key: tuple[object, ...] = ()
+        """Inputs every verdict shares that must be equal (pools, catalog, options, offerings unavailable now)."""
+        self.now = -math.inf
+        self.order: list[str] = []
+        """The last pass's rows' names in order."""
+        self.counts: dict[str, int] = {}
+        """Nodes per pool not being disrupted (minNodes)."""
+        self.budgets: dict[str, tuple[int, int]] = {}
+        """Pool -> (its nodes, those being disrupted): a budget verdict's inputs besides the time."""
         self.hits = 0
-        """Passes answered from the last all-kept pass (for tests and benchmarks)."""
+        """Passes whose every candidate was kept as judged before (for tests and benchmarks)."""
+        self.reused = 0
+        """Candidates kept as judged before, over all passes."""
 
-    def recall(
+    def valid(
         self,
         now: float,
         key: tuple[object, ...],
@@ -177,52 +183,63 @@ class PassMemo:
         free_total: tuple[int, int, int, int],
         cands: Sequence[Candidate],
         since: Mapping[str, float],
+        protected: Collection[str],
         verdict: Callable[[Candidate], BudgetVerdict],
         counts: Mapping[str, int],
         budgets: Mapping[str, tuple[int, int]],
         workloads: Mapping[str, Mapping[str, str]] | None,
-    ) -> DisruptionPlan | None:
-        """The last all-kept pass's plan if this pass provably decides the same, else None (see the module
-        docstring; ``changed``: the rows that differ from the last pass's)."""
-        last = self.kept
-        if last is None or now < last.now or key != last.key or cands != last.cands:
-            return None
-        for c in cands:
-            name = c.node.name
-            if since[name] != last.since[name] or name in changed:
-                return None
-            for other in changed:
-                for r in (rows.get(other), self.rows.get(other)):
-                    if r is not None and any(may_take(r, p, workloads) for p in c.pods):
-                        return None
+    ) -> dict[str, Judged]:
+        """The last pass's judged candidates this pass would judge the same while it decided no action yet (see the
+        module docstring; ``changed``: the rows that differ from the last pass's)."""
+        judged = self.judged
+        if not judged or now < self.now or key != self.key:
+            return {}
         order = list(rows)
-        if order != last.order and [n for n in order if n not in changed] != [
-            n for n in last.order if n not in changed
-        ]:  # the unchanged rows' order breaks best-fit ties: the same among the rows some candidate pod may take?
-            for c in cands:
-                if _takers(order, changed, rows, c, workloads) != _takers(last.order, changed, rows, c, workloads):
-                    return None
+        reorder = order != self.order and [n for n in order if n not in changed] != [
+            n for n in self.order if n not in changed
+        ]  # the unchanged rows' order breaks best-fit ties: then only the rows some candidate pod may take count
+        out: dict[str, Judged] = {}
         for c in cands:
             name = c.node.name
-            fits = last.fits.get(name)
-            if fits is not None and fits_total(free_total, rows.get(name), c.pods) != fits:
-                return None
-            v = last.verdicts.get(name)
-            if v is not None:
+            j = judged.get(name)
+            if j is None or j.cand != c or j.since != since[name] or j.protected != (name in protected):
+                continue
+            if name in changed or any(
+                r is not None and any(may_take(r, p, workloads) for p in c.pods)
+                for other in changed
+                for r in (rows.get(other), self.rows.get(other))
+            ):
+                continue
+            if reorder and _takers(order, changed, rows, c, workloads) != _takers(
+                self.order, changed, rows, c, workloads
+            ):
+                continue
+            if j.fits is not None and fits_total(free_total, rows.get(name), c.pods) != j.fits:
+                continue
+            if j.verdict is not None:
                 pool = c.pool  # a verdict reads the time only through scheduled budgets
-                same = budgets.get(pool.name) == last.budgets.get(pool.name) and not _scheduled(pool)
-                if not same and _blocks(verdict(c)) != _blocks(v):
-                    return None
-        if counts != last.counts and any(k.reason is KeepReason.MIN_NODES for k in last.plan.kept):
-            return None
-        self.hits += 1
-        self.rows, self.total = rows, free_total
-        last.now, last.order, last.counts, last.budgets = now, order, dict(counts), dict(budgets)
-        return DisruptionPlan(last.plan.actions, last.plan.kept, {c.node.name: since[c.node.name] for c in cands})
+                same = budgets.get(pool.name) == self.budgets.get(pool.name) and not _scheduled(pool)
+                if not same and _blocks(verdict(c)) != _blocks(j.verdict):
+                    continue
+            if j.kept.reason is KeepReason.MIN_NODES and counts.get(c.pool.name) != self.counts.get(c.pool.name):
+                continue
+            out[name] = j
+        return out
 
-    def remember(self, rows: dict[str, Row], free_total: tuple[int, int, int, int], kept: KeptPass | None) -> None:
-        """Keep this pass's rows and total, and the pass itself if it kept every candidate (``kept``)."""
-        self.rows, self.total, self.kept = rows, free_total, kept
+    def remember(
+        self,
+        now: float,
+        key: tuple[object, ...],
+        rows: dict[str, Row],
+        free_total: tuple[int, int, int, int],
+        judged: dict[str, Judged],
+        counts: dict[str, int],
+        budgets: dict[str, tuple[int, int]],
+    ) -> None:
+        """Keep this pass's rows, total and judged candidates (``key`` empty: none may be reused)."""
+        self.now, self.key, self.rows, self.total = now, key, rows, free_total
+        self.judged = judged if key else {}
+        self.order, self.counts, self.budgets = list(rows), counts, budgets
 
 
 def _scheduled(pool: NodePool) -> bool:

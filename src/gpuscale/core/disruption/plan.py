@@ -10,7 +10,7 @@ from gpuscale.core.disruption.candidates import (
     find_candidates,
     sort_pods,
 )
-from gpuscale.core.disruption.passmemo import KeptPass, PassMemo, fits_total, rows_of
+from gpuscale.core.disruption.passmemo import Judged, PassMemo, fits_total, rows_of
 from gpuscale.core.disruption.replacement import Market, find_replacement, split_replacement
 from gpuscale.core.disruption.values import (
     ActionKind,
@@ -315,13 +315,14 @@ def plan_disruption(
             counts[n.pool] = counts.get(n.pool, 0) + 1
 
     memo_key: tuple[object, ...] = ()
+    valid: dict[str, Judged] = {}
+    budgets: dict[str, tuple[int, int]] = {}
     if memo is not None and not pdbs:
         memo_key = (
             tuple(pools),
             catalog,
             allow_replace,
             workloads,
-            frozenset(c.node.name for c in cands if c.node.name in protected),
             frozenset((k, t) for k, t in (unavailable or {}).items() if t > now),
             # the pools' totals (launching nodes too) decide replacements only under maxNodes or limits
             pool_totals(nodes, catalog) if any(p.max_nodes is not None or p.limits.bounded for p in pools) else None,
@@ -332,11 +333,27 @@ def plan_disruption(
             return allowed_disruptions(c.pool, c.reason, totals_all.get(name, 0), disrupting_by_pool.get(name, 0), now)
 
         budgets = {name: (total, disrupting_by_pool.get(name, 0)) for name, total in totals_all.items()}
-        again = memo.recall(
-            now, memo_key, room, changed, free_total, cands, new_since, verdict_of, counts, budgets, workloads
+        valid = memo.valid(
+            now,
+            memo_key,
+            room,
+            changed,
+            free_total,
+            cands,
+            new_since,
+            protected,
+            verdict_of,
+            counts,
+            budgets,
+            workloads,
         )
-        if again is not None:
-            return again
+        if len(valid) == len(cands):  # every candidate kept as before: no action, nothing else to judge
+            memo.hits += 1
+            memo.reused += len(cands)
+            memo.remember(now, memo_key, room, free_total, valid, counts, budgets)
+            return DisruptionPlan((), tuple(valid[c.node.name].kept for c in cands), new_since)
+    judged: dict[str, Judged] = {}
+    fresh: list[tuple[Candidate, int]] = []  # candidates judged here before any action, with their kept index
     fits: dict[str, bool] = {}
     verdicts: dict[str, BudgetVerdict] = {}
     market = Market(tuple(pools), catalog, now, unavailable or {}, nodes)
@@ -354,6 +371,16 @@ def plan_disruption(
         n, pool, reason, msg, wl = c.node, c.pool, c.reason, c.message, c.pods
         if lazy and row.get(n.name, -1) in lazy[0].received:
             continue
+        if not actions:  # nothing changed the simulated cluster yet: judged as the last pass did, or judge it now
+            j = valid.get(n.name)
+            if j is not None:
+                assert memo is not None
+                memo.reused += 1
+                kept.append(j.kept)
+                judged[n.name] = j
+                continue
+            if memo_key:
+                fresh.append((c, len(kept)))
         d = pool.disruption
         after = d.wait_s(reason is DisruptionReason.EMPTY)
         if reason is not DisruptionReason.DRIFTED and now - new_since[n.name] < after:
@@ -485,8 +512,11 @@ def plan_disruption(
             )
     plan = DisruptionPlan(tuple(actions), tuple(kept), new_since)
     if memo is not None:
-        last = None
-        if memo_key and not actions and all(k.reason is not KeepReason.WAITING for k in kept):
-            last = KeptPass(now, memo_key, list(room), cands, new_since, fits, verdicts, counts, budgets, plan)
-        memo.remember(room, free_total, last)
+        for c, i in fresh:  # kept (not waiting) before any action: judged against the starting rows
+            name = c.node.name
+            if i < len(kept) and kept[i].node == name and kept[i].reason is not KeepReason.WAITING:
+                judged[name] = Judged(
+                    c, new_since[name], name in protected, kept[i], fits.get(name), verdicts.get(name)
+                )
+        memo.remember(now, memo_key, room, free_total, judged, counts, budgets)
     return plan
