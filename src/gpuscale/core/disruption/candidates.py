@@ -155,8 +155,10 @@ def find_candidates(
     fresh: dict[str, CandidateMemo] = {}
     get = cache.get if cache is not None else None
     for n in nodes:
+        if only is not None and n.name not in only:
+            continue
         pool = pool_by_name.get(n.pool or "")
-        if pool is None or (only is not None and n.name not in only):
+        if pool is None:
             continue
         wl = workload_pods(by_node.get(n.name, ()))
         if get is None or pool.disruption.use_measured_gpu_utilization:
