@@ -55,7 +55,7 @@ def test_base_renders_every_object_once() -> None:
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(
         ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment"]
-        + ["Service"]
+        + ["Service", "ConfigMap"]
         + ["CustomResourceDefinition"] * len(_CRDS)
     )
     crds = {d["spec"]["names"]["kind"] for d in docs if d["kind"] == "CustomResourceDefinition"}
@@ -85,7 +85,7 @@ def test_every_object_validates_against_the_kubernetes_schemas(directory: str) -
             continue
         kv.validate(doc, K8S_VERSION, strict=True)
         checked += 1
-    assert checked == 8 + len(_CRDS)
+    assert checked == 9 + len(_CRDS)
 
 
 def test_the_validator_rejects_a_broken_deployment() -> None:
@@ -173,6 +173,22 @@ def test_deployment_wiring() -> None:
     svc = _one(docs, "Service")
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
     assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+def test_policy_configmap_is_mounted_as_the_controllers_policy_file(tmp_path: Path) -> None:
+    from gpuscale.kube.policy import POLICY_FILE_ENV, load_policy
+
+    docs = _render(".")
+    pod = _one(docs, "Deployment")["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "policy")
+    assert mount["readOnly"] is True and env[POLICY_FILE_ENV] == f"{mount['mountPath']}/policy.yaml"
+    volume = next(v for v in pod["volumes"] if v["name"] == "policy")
+    cm = _one(docs, "ConfigMap", volume["configMap"]["name"])
+    shipped = tmp_path / "policy.yaml"
+    shipped.write_text(cm["data"]["policy.yaml"])
+    assert load_policy(str(shipped)) == {}, "every option is off in the shipped policy"
 
 
 def test_deployment_flags_are_options_of_the_controller_command() -> None:

@@ -26,12 +26,15 @@ from lightkube.types import PatchType
 
 from gpuscale.controller.backend import Event
 from gpuscale.core.disruption import PodDisruptionBudget
+from gpuscale.core.headroom import HeadroomSpec
 from gpuscale.core.model import Catalog, Node, NodePool, Pod, Taint
 from gpuscale.core.predicates import untolerated
 from gpuscale.core.resources import Resources
+from gpuscale.errors import InputError
 from gpuscale.kube.cache import KubeCache, obj_key
 from gpuscale.kube.client import KubeClient, KubeError
 from gpuscale.kube.events import EventRecorder
+from gpuscale.kube.policy import pool_headroom, without_headroom
 from gpuscale.manifests.nodes import read_node
 from gpuscale.manifests.pods import read_pod
 from gpuscale.manifests.pools import read_pool
@@ -90,6 +93,8 @@ class KubeBackend:
         self._node_memo: dict[str, tuple[str, Node | None]] = {}
         """Converted nodes by key with the resourceVersion they were converted at: only changed ones are read."""
         self._bad: set[str] = set()
+        self.pool_headroom: dict[str, HeadroomSpec] = {}
+        """``spec.headroom`` of the pools :meth:`node_pools` last read, by pool name."""
 
     # ------------------------------------------------------------------ reads
     def list_nodes(self) -> Sequence[Node]:
@@ -163,22 +168,33 @@ class KubeBackend:
         return {}
 
     def node_pools(self, catalog: Catalog | None = None) -> list[NodePool]:
-        """The GPUNodePool objects of the cluster, with DaemonSet overhead added where the pool sets none."""
+        """The GPUNodePool objects of the cluster, with DaemonSet overhead added where the pool sets none. Each
+        pool's ``spec.headroom`` is read too (:mod:`gpuscale.kube.policy`), into :attr:`pool_headroom`; a pool whose
+        headroom is invalid is skipped like any unreadable pool."""
         catalog = catalog or self.catalog
         types = catalog.by_name()
         zones = frozenset(o.zone for it in catalog.instance_types for o in it.offerings)
         pools = []
+        headroom: dict[str, HeadroomSpec] = {}
         for obj in self.cache.objects("gpunodepools"):
             doc = _doc("GPUNodePool")
-            pool = read_pool(doc, obj, types, zones)
+            pool = read_pool(doc, dict(without_headroom(obj)), types, zones)
             if pool is None:
                 for p in doc.problems:
                     log.warning("GPUNodePool skipped: %s", p)
                 continue
+            try:
+                spec = pool_headroom(obj)
+            except InputError as exc:
+                log.warning("GPUNodePool skipped: %s", exc)
+                continue
+            if spec is not None:
+                headroom[pool.name] = spec
             overhead = daemonset_overhead(self.cache.objects("daemonsets"), pool)
             if overhead is not None and not (pool.daemonset_overhead.cpu_milli or pool.daemonset_overhead.memory_mib):
                 pool = replace(pool, daemonset_overhead=overhead)
             pools.append(pool)
+        self.pool_headroom = headroom
         return pools
 
     def _warn(self, kind: str, obj: Obj) -> None:

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -24,6 +24,7 @@ from gpuscale.catalogs import load_catalog
 from gpuscale.clock import Clock, SystemClock
 from gpuscale.controller.availability import Availability
 from gpuscale.controller.loop import Controller, ControllerConfig
+from gpuscale.controller.options import OptionsController, options_controller
 from gpuscale.core.gpr import GprState
 from gpuscale.core.model import Catalog, NodePool
 from gpuscale.core.nodeclaim import ClaimPhase
@@ -41,6 +42,7 @@ from gpuscale.kube.kwok import KwokConfig, KwokProvider
 from gpuscale.kube.matching import ProviderIdMatcher
 from gpuscale.kube.metrics import QueuedGpr
 from gpuscale.kube.nodeclaims import NodeClaimWriter
+from gpuscale.kube.policy import BATCH_IDLE_S, POLICY_FILE_ENV, live_config, load_policy
 from gpuscale.kube.scalers import ScalerReconciler
 from gpuscale.manifests.status import Condition, pool_status
 from gpuscale.providers.base import Provider
@@ -51,11 +53,6 @@ if TYPE_CHECKING:
 __all__ = ["ControllerProcess", "check_access", "controller_command"]
 
 log = logging.getLogger(__name__)
-
-BATCH_IDLE_S = 0.5
-"""The live controller's batch window: a round starts as soon as the watch shows a new Unschedulable pod, and plans
-once no new one arrived for this long (Karpenter's batchIdleDuration is 1 s; a short window keeps a burst in one plan
-while the launch follows the burst closely)."""
 
 KWOK_ONLY = frozenset({("create", "nodes"), ("patch", "nodes/status")})
 """Pairs only the kwok provider needs."""
@@ -122,6 +119,8 @@ class ControllerProcess:
     provider_name: str
     clock: Clock = field(default_factory=SystemClock)
     config: ControllerConfig = field(default_factory=ControllerConfig)
+    """The settings, optional policies included (:mod:`gpuscale.kube.policy`); the pools' ``spec.headroom`` is
+    merged into ``headroom`` (a pool's own setting wins)."""
     kwok: KwokConfig = field(default_factory=KwokConfig)
     pools: list[NodePool] | None = None
     """Pools to use; None reads the cluster's GPUNodePool objects (re-read when they change)."""
@@ -199,9 +198,10 @@ class ControllerProcess:
                 availability = Availability(self.availability_store)
             except KubeError as exc:
                 raise _setup_error(exc) from exc
-        self.controller = Controller(
-            self.backend, self.provider, self._current_pools(), self.catalog, self.clock, self.config,
-            availability=availability,
+        pools = self._current_pools()
+        self.controller = options_controller(
+            backend=self.backend, provider=self.provider, pools=pools, catalog=self.catalog, clock=self.clock,
+            config=self._config(), availability=availability,
         )  # fmt: skip
         if self.record_claims:
             attempts = self.controller.launcher.attempts
@@ -237,6 +237,26 @@ class ControllerProcess:
             raise InputError(str(exc), where=f"--provider {self.provider_name}", fix="set the credentials") from exc
         return ProviderIdMatcher(cloud, self.cache)
 
+    def _config(self) -> ControllerConfig:
+        """:attr:`config` with the pools' ``spec.headroom`` merged into its ``headroom``."""
+        if self.pools is not None or not self.backend.pool_headroom:
+            return self.config
+        return replace(self.config, headroom={**self.config.headroom, **self.backend.pool_headroom})
+
+    def _refresh_options(self) -> None:
+        """After the pools were read again: apply a changed ``spec.headroom``. An options controller takes the new
+        settings in place (its arrival history is kept); the plain controller is rebuilt as an options controller
+        (claims restored from the GPUNodeClaims, as after a restart)."""
+        config = self._config()
+        if config.headroom == self.controller.config.headroom:
+            return
+        if isinstance(self.controller, OptionsController):
+            self.controller.config = replace(self.controller.config, headroom=config.headroom)
+            log.info("pool headroom now %s", ", ".join(sorted(config.headroom)) or "off")
+            return
+        log.info("pool headroom set (%s): controller rebuilt with the options", ", ".join(sorted(config.headroom)))
+        self._build()
+
     def _current_pools(self) -> list[NodePool]:
         if self.pools is not None:
             return self.pools
@@ -264,6 +284,11 @@ class ControllerProcess:
             if {p.name: p for p in pools} != self.controller.pools:
                 self.controller.pools = {p.name: p for p in pools}
             self._pools_version = self.cache.version
+            try:
+                self._refresh_options()
+            except InputError as exc:  # the offering marks could not be read while rebuilding: next round
+                log.warning("pool headroom not applied yet: %s", exc)
+                return False
         started = time.perf_counter()
         if self.scalers is not None and self.scalers.healthy:
             self.scalers.reconcile()
@@ -347,11 +372,12 @@ class ControllerProcess:
             name = str((obj.get("metadata") or {}).get("name", ""))
             n, g, cost = totals.get(name, (0, 0, 0.0))
             old = obj.get("status") or {}
-            if (old.get("nodes"), old.get("gpus"), old.get("hourlyCost")) == (n, g, round(cost, 2)) and old.get(
-                "conditions"
-            ):
-                continue
             valid = name in self.controller.pools
+            reasons = [c.get("reason") for c in old.get("conditions") or () if isinstance(c, dict)]
+            if (old.get("nodes"), old.get("gpus"), old.get("hourlyCost")) == (n, g, round(cost, 2)) and reasons == [
+                "Reconciled" if valid else "InvalidPool"
+            ]:
+                continue
             cond = Condition(
                 "Ready",
                 "True" if valid else "False",
@@ -432,9 +458,18 @@ class ControllerProcess:
 @click.option("--interval", default=1.0, show_default=True, help="Reconcile at least every this many seconds.")
 @click.option(
     "--batch-idle",
-    default=BATCH_IDLE_S,
-    show_default=True,
-    help="Plan a scale-up this many seconds after the last new pending pod (the batch window).",
+    type=float,
+    default=None,
+    help=f"Plan a scale-up this many seconds after the last new pending pod (the batch window; default: the policy"
+    f" file's batchIdle, else {BATCH_IDLE_S}). Wins over the policy file.",
+)
+@click.option(
+    "--policy-file",
+    type=click.Path(dir_okay=False),
+    envvar=POLICY_FILE_ENV,
+    show_envvar=True,
+    help="YAML of the optional policies (the simulator's policy mapping: evictionCost, headroom, emptyWait,"
+    " evictMaxPodAge, repack, spotToSpot, packOntoEmpty, ...); checked at start.",
 )
 @click.option("--device-plugin-delay", default=0.0, show_default=True, help="kwok: seconds before a node's GPUs show.")
 @click.option(
@@ -461,7 +496,8 @@ def controller_command(
     namespace: str,
     pools_file: str | None,
     interval: float,
-    batch_idle: float,
+    batch_idle: float | None,
+    policy_file: str | None,
     device_plugin_delay: float,
     metrics_port: int,
     health_port: int,
@@ -478,6 +514,8 @@ def controller_command(
         from gpuscale.providers.registry import registration
 
         registration(provider)  # an unknown name is one line before anything connects
+    policy = load_policy(policy_file) if policy_file else {}
+    config = live_config(policy, batch_idle)
     cat = load_catalog(catalog, region=region)
     pools = None
     if pools_file is not None:
@@ -491,7 +529,7 @@ def controller_command(
         provider,
         pools=pools,
         interval_s=interval,
-        config=ControllerConfig(batch_idle_s=batch_idle),
+        config=config,
         kwok=KwokConfig(device_plugin_delay_s=device_plugin_delay),
         scalers_enabled=scalers,
     )
@@ -507,7 +545,12 @@ def controller_command(
             health_port=health_port,
             host=bind_address,
         ).start()
-        click.echo(f"gpuscale controller: {len(proc.controller.pools)} pool(s), provider {provider}", err=True)
+        settings = ", ".join(sorted(k for k in policy if k != "batchIdle")) or "none"
+        click.echo(
+            f"gpuscale controller: {len(proc.controller.pools)} pool(s), provider {provider}, batch window"
+            f" {config.batch_idle_s:g} s, policy settings: {settings}",
+            err=True,
+        )
         proc.run(max_rounds=20 if once else None)
     except KeyboardInterrupt:
         pass

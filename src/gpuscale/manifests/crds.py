@@ -182,10 +182,56 @@ def _disruption() -> Schema:
     )
 
 
+HEADROOM_FIELDS = (
+    "policy",
+    "maxNodes",
+    "maxHourlyCost",
+    "lead",
+    "quantile",
+    "days",
+    "minDays",
+    "recentWindows",
+    "instanceType",
+    "waitCostPerGpuHour",
+    "coldStart",
+    "launch",
+)
+"""``spec.headroom``: read by the Kubernetes controller (:mod:`gpuscale.kube.policy`) with the policy file's checks
+(:data:`gpuscale.controller.policyopts.HEADROOM_KEYS`, the same names: a test compares them)."""
+
+
+def _headroom() -> Schema:
+    duration = f"^{DURATION}$"
+    return obj(
+        HEADROOM_FIELDS,
+        {
+            "policy": enum(["Predictive"]),
+            "maxNodes": integer("At most this many warm nodes.", minimum=1, maximum=1000),
+            "maxHourlyCost": {
+                "description": "At most this much per hour of warm nodes.",
+                "type": "number",
+                "minimum": 0,
+                "maximum": 1e9,
+            },
+            "lead": string('The forecast window (default "10m").', pattern=duration),
+            "quantile": {"type": "number", "minimum": 0, "maximum": 1},
+            "days": integer(minimum=0, maximum=366),
+            "minDays": integer(minimum=1, maximum=366),
+            "recentWindows": integer(minimum=0, maximum=10_000),
+            "instanceType": string("Warm nodes' instance type (default: cheapest per GPU).", minLength=1),
+            "waitCostPerGpuHour": {"type": "number", "minimum": 0, "maximum": 1e9},
+            "coldStart": string(pattern=duration),
+            "launch": {"type": "boolean", "description": "false: only keep empty nodes warm, never launch one."},
+        },
+        required=("maxNodes", "maxHourlyCost"),
+        description="Predictive warm headroom (gpuscale controller; see docs/policies.md).",
+    )
+
+
 def pool_schema() -> Schema:
     """The GPUNodePool ``openAPIV3Schema``."""
     spec = obj(
-        pools.SPEC_FIELDS,
+        (*pools.SPEC_FIELDS, "headroom"),
         {
             "instanceTypes": array(
                 string(minLength=1), "Instance type names of the catalog; empty means every instance type."
@@ -231,6 +277,7 @@ def pool_schema() -> Schema:
             ),
             "allowSpotFallback": {"type": "boolean", "default": True},
             "disruption": _disruption(),
+            "headroom": _headroom(),
         },
         rules=(
             (
