@@ -275,3 +275,15 @@ def test_crd_headroom_schema_follows_the_policy_reader() -> None:
     ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(pool(bad), schema)
+
+
+def test_controller_help_shows_the_policy_file_and_without_the_kube_extra_names_it() -> None:
+    helped = subprocess.run(
+        [sys.executable, "-m", "gpuscale.cli", "controller", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert helped.returncode == 0 and "--policy-file" in helped.stdout and "GPUSCALE_POLICY_FILE" in helped.stdout
+    code = 'import sys\nsys.modules["lightkube"] = None\nfrom gpuscale.cli import main\nmain(prog_name="gpuscale")'
+    for args, rc in ((["--help"], 0), (["controller", "--help"], 2)):
+        res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
+        assert res.returncode == rc, (args, res.stderr)
+        assert "gpuscale[kube]" in res.stdout + res.stderr and "Traceback" not in res.stderr
