@@ -1,6 +1,7 @@
-"""The controller with the optional policies on (both off by default): eviction-cost awareness
-(``evictionCost``, :mod:`gpuscale.core.disruption.workcost`) and predictive warm headroom (``headroom`` per pool,
-:mod:`gpuscale.core.headroom`).
+"""The controller with the optional policies on (all off by default): eviction-cost awareness
+(``evictionCost``, :mod:`gpuscale.core.disruption.workcost`), predictive warm headroom (``headroom`` per pool,
+:mod:`gpuscale.core.headroom`) and the per-node empty wait (``emptyWait``, :mod:`gpuscale.core.emptywait` through
+:mod:`gpuscale.controller.emptykeep`: the gate reads a kept empty node's wait from :meth:`_pool_of_node`).
 
 :class:`OptionsController` is the :class:`~gpuscale.controller.loop.Controller` with two hooks, both at the start of
 the consolidation step of a round:
@@ -71,7 +72,7 @@ class HeadroomStats:
 
 
 class OptionsController(Controller):
-    """The controller with ``evictionCost`` and ``headroom`` (see the module docstring)."""
+    """The controller with ``evictionCost``, ``headroom`` and ``emptyWait`` (see the module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -274,8 +275,8 @@ class OptionsController(Controller):
 
 
 def options_controller(*, config: ControllerConfig | Mapping[str, Any] | None = None, **kw: Any) -> Controller:
-    """A controller factory (the simulator's signature): :class:`OptionsController` when ``evictionCost`` or
-    ``headroom`` is set, else the plain :class:`~gpuscale.controller.loop.Controller`, exactly as
+    """A controller factory (the simulator's signature): :class:`OptionsController` when ``evictionCost``,
+    ``headroom`` or ``emptyWait`` is set, else the plain :class:`~gpuscale.controller.loop.Controller`, exactly as
     :func:`~gpuscale.controller.loop.make_controller` builds it."""
     cfg = config if isinstance(config, ControllerConfig) else ControllerConfig.from_policy(config)
     if cfg.eviction_cost is None and not cfg.headroom and cfg.empty_wait is None and not repacking.uses_config(cfg):
