@@ -144,10 +144,13 @@ def test_without_a_policy_the_plain_controller_removes_the_empty_node(server: Ku
         world.proc.close()
 
 
-def test_pool_spec_headroom_turns_headroom_on_and_an_edit_applies_in_place(server: KubeAPIServer) -> None:
+def test_pool_spec_headroom_turns_headroom_on_and_an_edit_applies_in_place(
+    server: KubeAPIServer, caplog: pytest.LogCaptureFixture
+) -> None:
     server.create("gpunodepools", pool(HEADROOM))
     file_spec = {"maxNodes": 3, "maxHourlyCost": 9, "launch": False}
     world = World(server, live_config({**FAST, "headroom": {"ada": file_spec, "other": file_spec}}, None))
+    assert "policy headroom of pools that do not exist (used once they do): other" in caplog.text
     try:
         ctl = world.proc.controller
         assert isinstance(ctl, OptionsController)

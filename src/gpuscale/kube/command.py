@@ -203,6 +203,9 @@ class ControllerProcess:
             backend=self.backend, provider=self.provider, pools=pools, catalog=self.catalog, clock=self.clock,
             config=self._config(), availability=availability,
         )  # fmt: skip
+        unused = sorted(set(self.config.headroom) - {p.name for p in pools})
+        if unused:
+            log.warning("policy headroom of pools that do not exist (used once they do): %s", ", ".join(unused))
         if self.record_claims:
             attempts = self.controller.launcher.attempts
             self.nodeclaims = NodeClaimWriter(
