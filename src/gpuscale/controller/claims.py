@@ -104,7 +104,7 @@ class ClaimTable(dict[str, NodeClaim]):
         """(key, claim) of every claim in one of ``phases``, in table order (a list: safe to change the table while
         going through it). Asked several times a round with the same phases: the answers for a frozenset or tuple
         of phases are kept until the table changes (``version``), and each caller gets its own copy."""
-        if not isinstance(phases, frozenset | tuple):
+        if not isinstance(phases, (frozenset, tuple)):
             return self._in_phases(phases)
         memo = self._memo
         if memo[0] != self.version:
