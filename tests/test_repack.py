@@ -411,3 +411,48 @@ def test_spot_to_spot_moves_a_small_pod_off_a_big_warm_spot_node() -> None:
     (e,) = [e for e in swap.cluster.events if e.kind == "Consolidate" and "spot to spot" in e.message]
     assert "replace by tiny spot" in e.message
     assert swap.report["costUsd"] < plain.report["costUsd"] and swap.report["duplicateLaunches"] == 0
+
+
+LATERAL = """
+name: lateral
+seed: 1
+duration: 3h
+catalog: x
+pools:
+  - name: gpu
+    instanceTypes: [gpu-4]
+    disruption: {{consolidationPolicy: WhenEmptyOrUnderutilized, consolidateAfter: 1m, consolidateEmptyAfter: 30m}}
+cloud:
+  launchLatency: 30s
+  registrationLatency: 30s
+  devicePluginDelay: 60s
+workload:
+  - source: burst
+    prefix: short
+    count: 7
+    at: 0s
+    runtime: 10m
+    shape: {{cpu: 2, memory: 4Gi, gpus: 1}}
+  - source: burst
+    prefix: long
+    count: 1
+    at: 0s
+    runtime: 2h
+    shape: {{cpu: 2, memory: 4Gi, gpus: 1}}
+policy: {{name: gpuscale{extra}}}
+"""
+
+
+def test_pack_onto_empty_false_leaves_a_lone_pod_where_it_is() -> None:
+    # Eight 1-GPU pods fill two 4-GPU nodes; ten minutes later only the long pod is left, on one of them, and the
+    # other is empty (kept warm for 30 minutes). By default the long pod is moved onto the empty node, which only
+    # swaps which node is empty; with packOntoEmpty: false it stays and the empty node goes after its 30 minutes:
+    # no eviction, but the warm node is paid for its whole wait (what the option costs on the openb replay too).
+    runs = {}
+    for extra in ("", ", packOntoEmpty: false"):
+        sc = parse_scenario(LATERAL.format(extra=extra), source="l.yaml", catalog=SIM_CAT)
+        runs[extra] = simulate_policy(sc, "gpuscale").report
+    plain, kept = runs[""], runs[", packOntoEmpty: false"]
+    assert plain["nodesLaunched"] == kept["nodesLaunched"] == 2
+    assert plain["disruptions"] >= 1 and kept["disruptions"] == 0
+    assert plain["costUsd"] < kept["costUsd"] < plain["costUsd"] + 0.6 and kept["duplicateLaunches"] == 0
