@@ -8,6 +8,7 @@ from gpuscale.core.disruption.budgets import allowed_disruptions, pdb_allowances
 from gpuscale.core.disruption.candidates import (
     do_not_disrupt,
     find_candidates,
+    is_live,
     sort_pods,
 )
 from gpuscale.core.disruption.passmemo import Judged, PassMemo, fits_total, rows_of
@@ -205,12 +206,10 @@ def plan_disruption(
     utilization = utilization or {}
     pool_by_name = {p.name: p for p in pools}
     disrupting_set = set(disrupting)
-    live: list[Pod] = []
     by_node: dict[str, list[Pod]] = {}
     for p in pods:
         phase = p.phase
         if phase == "Pending" or phase == "Running" or phase == "":  # is_live, inlined (every pod, every pass)
-            live.append(p)
             on = p.node_name
             if on is not None:
                 lst = by_node.get(on)
@@ -358,7 +357,7 @@ def plan_disruption(
     verdicts: dict[str, BudgetVerdict] = {}
     market = Market(tuple(pools), catalog, now, unavailable or {}, nodes)
 
-    pdb_left = pdb_allowances(pdbs, live)
+    pdb_left = pdb_allowances(pdbs, [p for p in pods if is_live(p)]) if pdbs else {}
     pdb_of = {f"{b.namespace}/{b.name}": b for b in pdbs}
 
     actions: list[DisruptionAction] = []
