@@ -218,7 +218,25 @@ def plan_disruption(
                 else:
                     lst.append(p)
 
-    dest = [n for n in nodes if not n.launching and not n.unschedulable and n.name not in disrupting_set]
+    # The destinations (not launching, cordoned or being disrupted), and node counts per pool for budgets and minNodes:
+    # every node that is not launching (totals_all), those being disrupted, the others (counts).
+    dest: list[Node] = []
+    counts: dict[str, int] = {}
+    totals_all: dict[str, int] = {}
+    disrupting_by_pool: dict[str, int] = {}
+    for n in nodes:
+        if n.launching:
+            continue
+        leaving = n.name in disrupting_set
+        on = n.pool
+        if on is not None:
+            totals_all[on] = totals_all.get(on, 0) + 1
+            if leaving:
+                disrupting_by_pool[on] = disrupting_by_pool.get(on, 0) + 1
+            else:
+                counts[on] = counts.get(on, 0) + 1
+        if not leaving and not n.unschedulable:
+            dest.append(n)
     row: dict[str, int] = {}  # simulated destination rows, by node name (filled when the simulation is built)
     lazy: list[_Sim] = []
     removed: set[str] = set()
@@ -299,19 +317,6 @@ def plan_disruption(
     cands, new_since = find_candidates(
         dest, pool_by_name, by_node, catalog, now, since, candidates, utilization, memo.candidates if memo else None
     )
-
-    # Budgets and counts per pool.
-    counts: dict[str, int] = {}
-    totals_all: dict[str, int] = {}
-    disrupting_by_pool: dict[str, int] = {}
-    for n in nodes:
-        if n.launching or n.pool is None:
-            continue
-        totals_all[n.pool] = totals_all.get(n.pool, 0) + 1
-        if n.name in disrupting_set:
-            disrupting_by_pool[n.pool] = disrupting_by_pool.get(n.pool, 0) + 1
-        else:
-            counts[n.pool] = counts.get(n.pool, 0) + 1
 
     memo_key: tuple[object, ...] = ()
     valid: dict[str, Judged] = {}
