@@ -75,7 +75,7 @@ class TimeSeries:
             same = (
                 last.pending == pending
                 and last.running == running
-                and round(last.cost_rate, 9) == round(rate, 9)
+                and (last.cost_rate == rate or round(last.cost_rate, 9) == round(rate, 9))  # equal: no rounding
                 and last.nodes == nodes
                 and last.gpus == gpus
             )

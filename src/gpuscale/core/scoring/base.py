@@ -74,8 +74,15 @@ class Scorer(Protocol):
 
 
 def select(scorer: Scorer, state: ClusterState, req: Request, candidates: IntArray) -> int | None:
-    """The best candidate row for ``req`` by ``scorer`` (first on ties), or None if there is none."""
-    if candidates.size == 0:
-        return None
+    """The best candidate row for ``req`` by ``scorer`` (first on ties), or None if there is none.
+
+    A lone candidate wins without asking the scorer, unless the scorer ``draws`` (its random stream must advance as
+    if it were asked): the simulator's scheduler has one candidate in 62 % of its choices on the openb replay.
+    """
+    if candidates.size <= 1:
+        if candidates.size == 0:
+            return None
+        if not getattr(scorer, "draws", False):
+            return int(candidates[0])
     scores = scorer.score(state, req, candidates)
     return int(candidates[int(np.argmax(scores))])

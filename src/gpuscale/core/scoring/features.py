@@ -10,8 +10,8 @@ from gpuscale.core.state import ClusterState, IntArray
 
 def gpu_left(state: ClusterState, rows: IntArray) -> IntArray:
     """Free milli-GPU of every physical GPU of ``rows`` (absent GPU slots count as 0), shape (rows, max_gpus)."""
-    g = state.gpu_free[rows]
-    return np.where(g > 0, g, 0)
+    out: IntArray = np.maximum(state.gpu_free[rows], 0)  # the same values as np.where(g > 0, g, 0), cheaper
+    return out
 
 
 def gpu_left_after(state: ClusterState, req: Request, rows: IntArray) -> IntArray:
