@@ -114,8 +114,11 @@ class ControllerConfig:
         ``maxBackoff``, ``retryBase``, ``replanInterval``, ``disruptionInterval``, ``consolidationRefresh``,
         ``consolidationRetry``, ``lostGrace``, ``orphanGrace``, ``solverTimeLimit``. Others: ``maxReplans``,
         ``consolidation``, ``replaceNodes``, ``requestIdPrefix``, ``scorer``, ``exactSolver``, ``deadlines``
-        (``launch``, ``registration``, ``gpuInit``) and ``poolDeadlines`` (pool name -> deadlines). ``name`` and
-        ``reconcileInterval`` belong to the simulator and are ignored. Anything else raises
+        (``launch``, ``registration``, ``gpuInit``) and ``poolDeadlines`` (pool name -> deadlines). The optional
+        policies (off by default): ``evictionCost``, ``headroom``, ``emptyWait``
+        (:mod:`~gpuscale.controller.policyopts`), ``evictMaxPodAge``, ``repack``, ``spotToSpot``
+        (:mod:`~gpuscale.controller.repackopts`) and ``packOntoEmpty``. ``name``, ``reconcileInterval`` and
+        ``settle`` belong to the simulator and are ignored. Anything else raises
         :class:`~gpuscale.errors.InputError`.
         """
         policy = dict(policy or {})

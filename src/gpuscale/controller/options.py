@@ -1,7 +1,9 @@
 """The controller with the optional policies on (all off by default): eviction-cost awareness
 (``evictionCost``, :mod:`gpuscale.core.disruption.workcost`), predictive warm headroom (``headroom`` per pool,
-:mod:`gpuscale.core.headroom`) and the per-node empty wait (``emptyWait``, :mod:`gpuscale.core.emptywait` through
-:mod:`gpuscale.controller.emptykeep`: the gate reads a kept empty node's wait from :meth:`_pool_of_node`).
+:mod:`gpuscale.core.headroom`), the per-node empty wait (``emptyWait``, :mod:`gpuscale.core.emptywait` through
+:mod:`gpuscale.controller.emptykeep`: the gate reads a kept empty node's wait from :meth:`_pool_of_node`) and the
+consolidation rules ``spotToSpot``, ``packOntoEmpty``, ``evictMaxPodAge`` and ``repack``
+(:mod:`gpuscale.controller.repacking`).
 
 :class:`OptionsController` is the :class:`~gpuscale.controller.loop.Controller` with two hooks, both at the start of
 the consolidation step of a round:
@@ -276,7 +278,8 @@ class OptionsController(Controller):
 
 def options_controller(*, config: ControllerConfig | Mapping[str, Any] | None = None, **kw: Any) -> Controller:
     """A controller factory (the simulator's signature): :class:`OptionsController` when ``evictionCost``,
-    ``headroom`` or ``emptyWait`` is set, else the plain :class:`~gpuscale.controller.loop.Controller`, exactly as
+    ``headroom``, ``emptyWait``, ``evictMaxPodAge``, ``repack``, ``spotToSpot`` or ``packOntoEmpty: false`` is set,
+    else the plain :class:`~gpuscale.controller.loop.Controller`, exactly as
     :func:`~gpuscale.controller.loop.make_controller` builds it."""
     cfg = config if isinstance(config, ControllerConfig) else ControllerConfig.from_policy(config)
     if cfg.eviction_cost is None and not cfg.headroom and cfg.empty_wait is None and not repacking.uses_config(cfg):

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 
 def uses_config(cfg: ControllerConfig) -> bool:
-    """True if ``evictMaxPodAge`` or ``repack`` is on."""
+    """True if ``evictMaxPodAge``, ``repack`` or ``spotToSpot`` is on or ``packOntoEmpty`` is off."""
     return (
         cfg.evict_max_pod_age is not None
         or cfg.repack is not None
