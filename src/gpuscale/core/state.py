@@ -57,6 +57,58 @@ class ClusterState:
         new._build(names, caps, models, max_gpus)
         return new
 
+    @classmethod
+    def occupied(
+        cls,
+        names: list[str],
+        caps: Sequence[Resources],
+        models: Sequence[str | None],
+        requests_per_row: Sequence[Sequence[Request]],
+    ) -> ClusterState:
+        """The same state as ``ClusterState.of(names, caps, models)`` followed by :meth:`occupy_all` of
+        ``requests_per_row``, built from per-row Python values in one conversion per column (every row is fresh,
+        so its GPUs come from the ``_fresh_row`` table, and no column is made twice)."""
+        new = object.__new__(cls)
+        gpus = [c.gpus for c in caps]
+        width = max([*gpus, 1])
+        new.names = names
+        new.models = sorted(set(models), key=lambda m: (m is None, m or ""))
+        model_index = {m: i for i, m in enumerate(new.models)}
+        cpu_free: list[int] = []
+        mem_free: list[int] = []
+        pods_free: list[int] = []
+        rows: list[list[int]] = []
+        full: list[int] = []
+        top: list[int] = []
+        for c, g, reqs in zip(caps, gpus, requests_per_row, strict=True):
+            cm = mm = whole = 0
+            fractions: list[int] = []
+            for r in reqs:
+                cm += r.cpu_milli
+                mm += r.memory_mib
+                whole += r.gpus
+                if r.gpu_milli:
+                    fractions.append(r.gpu_milli)
+            cpu_free.append(max(0, c.cpu_milli - cm))
+            mem_free.append(max(0, c.memory_mib - mm))
+            pods_free.append(max(0, c.pods - len(reqs)))
+            row, f, t = _fresh_row(g, width, whole, tuple(fractions))  # no request: the untouched row
+            rows.append(row)
+            full.append(f)
+            top.append(t)
+        new.model_idx = np.array([model_index[m] for m in models], dtype=np.int64)
+        new.cpu_cap = np.array([c.cpu_milli for c in caps], dtype=np.int64)
+        new.mem_cap = np.array([c.memory_mib for c in caps], dtype=np.int64)
+        new.gpu_cap = np.array(gpus, dtype=np.int64)
+        new.pods_cap = np.array([c.pods for c in caps], dtype=np.int64)
+        new.cpu_free = np.array(cpu_free, dtype=np.int64)
+        new.mem_free = np.array(mem_free, dtype=np.int64)
+        new.pods_free = np.array(pods_free, dtype=np.int64)
+        new.gpu_free = np.array(rows, dtype=np.int64).reshape(len(rows), width)
+        new.full_free = np.array(full, dtype=np.int64)
+        new.max_free = np.array(top, dtype=np.int64)
+        return new
+
     def _build(
         self, names: list[str], caps: Sequence[Resources], row_models: Sequence[str | None], max_gpus: int | None
     ) -> None:

@@ -43,14 +43,18 @@ class ExistingNodes:
     def initial_state(self) -> ClusterState:
         """The nodes' free capacity after the pods already bound to them."""
         nodes = self.nodes
-        state = ClusterState.of([n.name for n in nodes], [n.allocatable for n in nodes], [n.gpu_model for n in nodes])
         bound: list[list[Request]] = [[] for _ in self.nodes]
         index = self.node_index
         on_nodes = [p for p in self.snapshot.pods if p.node_name in index and p.phase in ("Pending", "Running")]
         on_nodes.sort(key=_KEY)
         for pod in on_nodes:
             bound[index[pod.node_name]].append(pod.request)  # type: ignore[index]
-        state.occupy_all(bound)
+        names, allocatable, models = (
+            [n.name for n in nodes],
+            [n.allocatable for n in nodes],
+            [n.gpu_model for n in nodes],
+        )
+        state = ClusterState.occupied(names, allocatable, models, bound)  # of(...) + occupy_all(bound), cheaper
         self._scorer_ready = False
         if any(p.gang for p in self.snapshot.pods if p.pending):
             self._prepare_scorer(state)  # gang trials change the state before the first placement
