@@ -145,6 +145,16 @@ class ScaleUpSteps(ShellBase):
                 attempt=attempt,
                 max_replans=self.config.max_replans,
             )
+            held = self._held_in_flight(snapshot, decision.launches) if virtual else None
+            if held is not None:  # a pod of a draining node took the room a node in flight was launched for
+                decision = decide_scale_up(
+                    held,
+                    st.planner,
+                    self.config.planner,
+                    now,
+                    attempt=attempt,
+                    max_replans=self.config.max_replans,
+                )
             seeds.update(o.seed for o in decision.launches)
             if not self._carry_out(decision.launches, w, result) or not decision.may_replan:
                 break
@@ -219,6 +229,24 @@ class ScaleUpSteps(ShellBase):
             unavailable=self.availability.unavailable_at(w.now),
             workloads=self.gpr.workloads,
         )
+
+    def _held_in_flight(self, snapshot: Snapshot, launches: Sequence[LaunchOrder]) -> Snapshot | None:
+        """When a plan launches a node for a pending pod that a claim in flight was launched for (the planner gave
+        that claim's room to a pod of a draining node, shown as pending), the snapshot with each such claim's pending
+        pods shown on its launching node, so that the plan launches for the draining node's pods instead; else None.
+        """
+        launching = {n.name for n in snapshot.nodes if n.launching}
+        hold: dict[str, str] = {}
+        for key, c in self.claims.in_phases(IN_FLIGHT):
+            name = c.node_name or f"nodeclaim-{key}"
+            if c.replaces or name not in launching:
+                continue
+            for k in c.pods:
+                hold.setdefault(k, name)
+        if not any(k in hold for o in launches for k in o.pods):
+            return None
+        pods = tuple(replace(p, node_name=hold[p.key]) if p.pending and p.key in hold else p for p in snapshot.pods)
+        return replace(snapshot, pods=pods)
 
     def _execute_plan(self, plan: ScaleUpPlan, w: World, result: ReconcileResult) -> bool:
         """Launch the nodes of a plan made elsewhere; True if a capacity or quota error calls for a re-plan."""
