@@ -15,7 +15,9 @@ keeps what lets most rounds skip it:
   windows). So a rest ends when: its own pods change; room appears anywhere (a pod leaves a node, a pending pod
   planned onto a node stops holding room there, a node joins or its allocatable changes: the pass packs pods
   best-fit over every node, so no finer test is sound); a node joins or a node in flight appears (budgets in
-  percent and minNodes count them); a disruption starts or ends; unavailable offerings change; while PDBs exist,
+  percent and minNodes count them); a disruption starts or ends (for a rest by a budget, also one that the resting
+  pass started itself and that ended before the next round: :meth:`ConsolidationGate.started`); unavailable
+  offerings change; while PDBs exist,
   bound pods move or the pending pods not planned anywhere change; one of its pool's scheduled budgets opens or
   closes (:func:`budget_edge`); or ``consolidationRetry`` passes (a safety net). A node kept by a budget rests
   until a *timed* end that is a wake-up time (:meth:`ConsolidationGate.wake_times`): a budget's room counts
@@ -175,6 +177,8 @@ class ConsolidationGate:
         self.memo = PassMemo()
         """The passes' rows and last all-kept pass (reused only where the pass provably decides the same)."""
         self.mismatches: list[Mismatch] = []
+        self._started: frozenset[str] = frozenset()
+        """Nodes the last pass started disrupting (see :meth:`started`)."""
 
     # ------------------------------------------------------------------------------------------------ clocks
     def forget(self, node_name: str) -> None:
@@ -270,6 +274,12 @@ class ConsolidationGate:
         changed = changed or bool(left_some) or bool(room_grew)
         touched = pods_moved | room_grew | (prev_room.keys() - room.keys())
         self._room = (by_node, room, frozenset(disrupting), unavailable_now)
+        if self._started:
+            if self.timed and not self._started <= disrupting:  # a disruption the resting pass counted has ended
+                self.futile = {n: v for n, v in self.futile.items() if n not in self.timed}
+                self.timed = {}
+                self._signature = None  # a rest ended: pass again
+            self._started = frozenset()
         if self.futile:
             resting = len(self.futile)
             self.futile = {
@@ -337,6 +347,13 @@ class ConsolidationGate:
             self.timed[node_name] = until
         else:
             self.timed.pop(node_name, None)
+
+    def started(self, nodes: set[str]) -> None:
+        """A pass started disrupting ``nodes``. The rests it made by a budget counted them as under way: the next
+        round ends those rests if one of them is no longer being disrupted (it may have ended between two rounds, so
+        that no round saw the disruptions change). Other rests wait for room, pods or nodes, which the end of a
+        disruption does not bring (a disrupted node leaves no room behind; a replacement joining ends every rest)."""
+        self._started = frozenset(nodes)
 
     # ------------------------------------------------------------------------------------------------ reference
     def reference_due(

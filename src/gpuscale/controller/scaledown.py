@@ -121,6 +121,8 @@ class ScaleDownSteps(ShellBase):
         if dp is None:
             return
         gate.since.update(dp.since)
+        if dp.actions:
+            gate.started({a.node for a in dp.actions})
         for kept in dp.kept:
             if kept.reason is not KeepReason.WAITING and kept.node not in protected:
                 keys = frozenset(p.key for p in by_node.get(kept.node, ()))
