@@ -36,6 +36,7 @@ def test_indexes_match_a_scan_after_any_changes(steps: list[tuple[str, str, Clai
     table = ClaimTable()
     plain: dict[str, NodeClaim] = {}
     for op, key, phase, node in steps:
+        keys_before, keys_version = set(plain), table.keys_version
         if op == "set":
             table[key] = plain[key] = claim(key, phase, node)
         elif op == "del" and key in plain:
@@ -46,6 +47,7 @@ def test_indexes_match_a_scan_after_any_changes(steps: list[tuple[str, str, Clai
             table.clear()
             plain.clear()
         assert dict(table) == plain and list(table) == list(plain)
+        assert (table.keys_version != keys_version) == (set(plain) != keys_before)  # moves with the keys only
         leaving = [ClaimPhase.DRAINING, ClaimPhase.FAILED, ClaimPhase.DELETING]
         for group in ([phase], (phase,), leaving, frozenset(leaving), tuple(leaving), PHASES, frozenset(PHASES)):
             scan = [(k, c) for k, c in plain.items() if c.phase in group]

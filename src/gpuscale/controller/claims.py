@@ -29,6 +29,8 @@ class ClaimTable(dict[str, NodeClaim]):
         self._named: dict[str, dict[str, None]] = {}
         self.version = 0
         """Counts changes (a claim added, replaced by a different object, or removed)."""
+        self.keys_version = 0
+        """Counts changes of the set of keys (a claim added or removed; not a claim replaced under its key)."""
         self._memo: tuple[int, dict[object, list[tuple[str, NodeClaim]]]] = (-1, {})
         """(version, phases -> :meth:`in_phases`'s answer at that version)."""
         self.listener: Callable[[str, NodeClaim | None], None] | None = None
@@ -40,6 +42,7 @@ class ClaimTable(dict[str, NodeClaim]):
             return
         self.version += 1
         if old is None:
+            self.keys_version += 1
             self._order[key] = self._added
             self._added += 1
             self._phase_keys[claim.phase][key] = None
@@ -67,6 +70,7 @@ class ClaimTable(dict[str, NodeClaim]):
     def __delitem__(self, key: str) -> None:
         old = dict.pop(self, key)
         self.version += 1
+        self.keys_version += 1
         del self._phase_keys[old.phase][key]
         del self._order[key]
         self._unname(key, old.node_name)
@@ -90,6 +94,7 @@ class ClaimTable(dict[str, NodeClaim]):
                 self.listener(key, None)
         dict.clear(self)
         self.version += 1
+        self.keys_version += 1
         for keys in self._phase_keys.values():
             keys.clear()
         self._order.clear()

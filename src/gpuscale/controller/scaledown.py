@@ -315,12 +315,27 @@ class ScaleDownSteps(ShellBase):
     def _collect_orphans(self, w: World) -> None:
         """Remove Node objects labelled with a request id the provider no longer lists (after a grace period)."""
         claims = self.claims
+        # "no orphan" holds while the node listing (an immutable tuple, recognised again by the observation) and the
+        # claim table's keys are the same: the round's Nodes are that listing's, less the deleted ones, with the same
+        # labels (cordoning replaces only ``unschedulable``). A new listing or a claim added or removed invalidates it.
+        listing = self.observed.nodes_list
+        known = self.__dict__.get("_orphan_free")
+        if (
+            listing is not None
+            and known is not None
+            and known[0] is listing
+            and known[1] is claims
+            and known[2] == claims.keys_version
+        ):
+            self.deletions.orphans({})
+            return
         for n in w.nodes.values():
             rid = n.labels.get(REQUEST_ID_LABEL)
             if rid is not None and rid not in claims:
                 break
         else:  # every labelled Node has its claim: no orphan (the common case, checked without building anything)
             self.deletions.orphans({})
+            self.__dict__["_orphan_free"] = (listing, claims, claims.keys_version)
             return
         scan = orphan_step(
             list(w.nodes.values()),
