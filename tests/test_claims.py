@@ -37,6 +37,8 @@ def test_indexes_match_a_scan_after_any_changes(steps: list[tuple[str, str, Clai
     plain: dict[str, NodeClaim] = {}
     for op, key, phase, node in steps:
         keys_before, keys_version = set(plain), table.keys_version
+        in_phase_before = {p: [(k, id(c)) for k, c in plain.items() if c.phase is p] for p in PHASES}
+        phase_versions = {p: table.phase_version(p) for p in PHASES}
         if op == "set":
             table[key] = plain[key] = claim(key, phase, node)
         elif op == "del" and key in plain:
@@ -48,6 +50,9 @@ def test_indexes_match_a_scan_after_any_changes(steps: list[tuple[str, str, Clai
             plain.clear()
         assert dict(table) == plain and list(table) == list(plain)
         assert (table.keys_version != keys_version) == (set(plain) != keys_before)  # moves with the keys only
+        for p in PHASES:  # a phase's claims changed (entered, left, another object, another order): its version moved
+            if [(k, id(c)) for k, c in plain.items() if c.phase is p] != in_phase_before[p]:
+                assert table.phase_version(p) != phase_versions[p]
         leaving = [ClaimPhase.DRAINING, ClaimPhase.FAILED, ClaimPhase.DELETING]
         for group in ([phase], (phase,), leaving, frozenset(leaving), tuple(leaving), PHASES, frozenset(PHASES)):
             scan = [(k, c) for k, c in plain.items() if c.phase in group]

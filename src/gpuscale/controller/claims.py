@@ -31,6 +31,7 @@ class ClaimTable(dict[str, NodeClaim]):
         """Counts changes (a claim added, replaced by a different object, or removed)."""
         self.keys_version = 0
         """Counts changes of the set of keys (a claim added or removed; not a claim replaced under its key)."""
+        self._phase_version: dict[ClaimPhase, int] = dict.fromkeys(ClaimPhase, 0)
         self._memo: tuple[int, dict[object, list[tuple[str, NodeClaim]]]] = (-1, {})
         """(version, phases -> :meth:`in_phases`'s answer at that version)."""
         self.listener: Callable[[str, NodeClaim | None], None] | None = None
@@ -41,6 +42,7 @@ class ClaimTable(dict[str, NodeClaim]):
         if old is claim:
             return
         self.version += 1
+        self._phase_version[claim.phase] += 1
         if old is None:
             self.keys_version += 1
             self._order[key] = self._added
@@ -50,6 +52,7 @@ class ClaimTable(dict[str, NodeClaim]):
                 self._named.setdefault(claim.node_name, {})[key] = None
         else:
             if old.phase is not claim.phase:
+                self._phase_version[old.phase] += 1
                 del self._phase_keys[old.phase][key]
                 self._phase_keys[claim.phase][key] = None
             if old.node_name != claim.node_name:
@@ -71,6 +74,7 @@ class ClaimTable(dict[str, NodeClaim]):
         old = dict.pop(self, key)
         self.version += 1
         self.keys_version += 1
+        self._phase_version[old.phase] += 1
         del self._phase_keys[old.phase][key]
         del self._order[key]
         self._unname(key, old.node_name)
@@ -95,6 +99,8 @@ class ClaimTable(dict[str, NodeClaim]):
         dict.clear(self)
         self.version += 1
         self.keys_version += 1
+        for p in self._phase_version:
+            self._phase_version[p] += 1
         for keys in self._phase_keys.values():
             keys.clear()
         self._order.clear()
@@ -129,6 +135,11 @@ class ClaimTable(dict[str, NodeClaim]):
         if len(keys) > 1:
             keys.sort(key=self._order.__getitem__)
         return [(k, dict.__getitem__(self, k)) for k in keys]
+
+    def phase_version(self, phase: ClaimPhase) -> int:
+        """Counts changes of the claims in ``phase``: one entering or leaving it, or replaced by a different object
+        while in it (the claims of other phases changing leave it as it is)."""
+        return self._phase_version[phase]
 
     def count(self, phase: ClaimPhase) -> int:
         """How many claims are in ``phase``."""

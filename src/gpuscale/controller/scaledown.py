@@ -50,9 +50,15 @@ class ScaleDownSteps(ShellBase):
         replacing = self.replacements.by_old
         disrupting: set[str] = set(replacing)
         held = self.gpr.keys(self.claims)  # a GPR's nodes are never consolidated while it holds them
-        # the candidate nodes depend on the claims, the nodes being replaced and the held claims only: kept while the
-        # claim table's version and those two are the same (nothing changes the set once made)
-        key_of_candidates = (self.claims, self.claims.version, frozenset(replacing), held)
+        # the candidate nodes depend on the Initialized claims, the nodes being replaced and the held claims only: kept
+        # while the table's Initialized claims (their phase version) and those two are the same (nothing changes the
+        # set once made; the claims of other phases are skipped, in table order as before)
+        key_of_candidates = (
+            self.claims,
+            self.claims.phase_version(ClaimPhase.INITIALIZED),
+            frozenset(replacing),
+            held,
+        )
         if gate.candidate_nodes[0] == key_of_candidates:
             candidates = gate.candidate_nodes[1]
         else:
