@@ -13,15 +13,14 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
+from gpuscale.controller.settingsread import known_keys, positive_duration, switched_rule
 from gpuscale.core.disruption.workcost import WorkCostRule
 from gpuscale.core.emptywait import EmptyWaitSpec
 from gpuscale.core.headroom import PREDICTIVE, HeadroomSpec
 from gpuscale.errors import InputError
-from gpuscale.manifests.quantity import DURATION_HELP, parse_duration
 
 HEADROOM_KEYS = (
     "policy",
@@ -39,22 +38,6 @@ HEADROOM_KEYS = (
 )
 
 
-def _duration(value: object, where: str) -> float:
-    if isinstance(value, bool):
-        raise InputError("must be a duration", where=where, value=value, fix=DURATION_HELP)
-    if isinstance(value, int | float):
-        if value <= 0 or not math.isfinite(value):
-            raise InputError("must be a positive number of seconds", where=where, value=value, fix=DURATION_HELP)
-        return float(value)
-    try:
-        out = parse_duration(value)
-    except ValueError as exc:
-        raise InputError(f"not a duration ({exc})", where=where, value=value, fix=DURATION_HELP) from None
-    if out <= 0:
-        raise InputError("must be a positive duration", where=where, value=value, fix=DURATION_HELP)
-    return out
-
-
 def _number(value: object, where: str, *, lo: float = 0.0, hi: float = 1e9, fix: str = "") -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
         raise InputError(f"must be a number from {lo:g} to {hi:g}", where=where, value=value, fix=fix)
@@ -69,36 +52,27 @@ def _count(value: object, where: str, *, lo: int = 0, hi: int = 10_000) -> int:
 
 def eviction_cost(value: object, where: str) -> WorkCostRule | None:
     """``evictionCost``: None (off), or the rule."""
-    if value is None or value is False:
-        return None
-    if value is True:
-        return WorkCostRule()
-    if not isinstance(value, Mapping):
-        raise InputError("must be true, false or a mapping", where=where, value=value, fix="e.g. {horizon: 1h}")
-    unknown = [k for k in value if k != "horizon"]
-    if unknown:
-        raise InputError(
-            "unknown evictionCost setting", where=f"{where}.{unknown[0]}", value=unknown[0], fix="use horizon"
-        )
-    if "horizon" not in value:
-        return WorkCostRule()
-    return WorkCostRule(horizon_s=_duration(value["horizon"], f"{where}.horizon"))
+    return switched_rule(
+        value,
+        where,
+        name="evictionCost",
+        key="horizon",
+        example="e.g. {horizon: 1h}",
+        default=WorkCostRule,
+        make=lambda s: WorkCostRule(horizon_s=s),
+    )
 
 
 def headroom_spec(value: object, where: str) -> HeadroomSpec:
     """One pool's ``headroom`` mapping."""
-    if not isinstance(value, Mapping):
-        raise InputError(
-            "must be a mapping",
-            where=where,
-            value=value,
-            fix="e.g. {policy: Predictive, maxNodes: 2, maxHourlyCost: 5}",
-        )
-    for k in value:
-        if k not in HEADROOM_KEYS:
-            raise InputError(
-                "unknown headroom setting", where=f"{where}.{k}", value=k, fix=f"use {', '.join(HEADROOM_KEYS)}"
-            )
+    value = known_keys(
+        value,
+        where,
+        name="headroom",
+        keys=HEADROOM_KEYS,
+        expected="must be a mapping",
+        example="e.g. {policy: Predictive, maxNodes: 2, maxHourlyCost: 5}",
+    )
     policy = value.get("policy", PREDICTIVE)
     if policy != PREDICTIVE:
         raise InputError("unknown headroom policy", where=f"{where}.policy", value=policy, fix=f"use {PREDICTIVE}")
@@ -112,7 +86,7 @@ def headroom_spec(value: object, where: str) -> HeadroomSpec:
         "max_hourly_cost": _number(value["maxHourlyCost"], f"{where}.maxHourlyCost", fix="$/h, e.g. 5"),
     }
     if "lead" in value:
-        kw["lead_s"] = _duration(value["lead"], f"{where}.lead")
+        kw["lead_s"] = positive_duration(value["lead"], f"{where}.lead")
     if "quantile" in value:
         kw["quantile"] = _number(value["quantile"], f"{where}.quantile", hi=1.0, fix="e.g. 0.5")
     if "days" in value:
@@ -135,7 +109,7 @@ def headroom_spec(value: object, where: str) -> HeadroomSpec:
             )
         kw["launch"] = value["launch"]
     if "coldStart" in value:
-        kw["cold_start_s"] = _duration(value["coldStart"], f"{where}.coldStart")
+        kw["cold_start_s"] = positive_duration(value["coldStart"], f"{where}.coldStart")
     return HeadroomSpec(**kw)
 
 
@@ -155,25 +129,21 @@ def empty_wait(value: object, where: str) -> EmptyWaitSpec | None:
         return None
     if value is True:
         return EmptyWaitSpec()
-    if not isinstance(value, Mapping):
-        raise InputError(
-            "must be true, false or a mapping",
-            where=where,
-            value=value,
-            fix="e.g. {maxWait: 30m, waitCostPerGpuHour: 1}",
-        )
-    for k in value:
-        if k not in EMPTY_WAIT_KEYS:
-            raise InputError(
-                "unknown emptyWait setting", where=f"{where}.{k}", value=k, fix=f"use {', '.join(EMPTY_WAIT_KEYS)}"
-            )
+    value = known_keys(
+        value,
+        where,
+        name="emptyWait",
+        keys=EMPTY_WAIT_KEYS,
+        expected="must be true, false or a mapping",
+        example="e.g. {maxWait: 30m, waitCostPerGpuHour: 1}",
+    )
     kw: dict[str, Any] = {}
     if "maxWait" in value:
-        kw["max_wait_s"] = _duration(value["maxWait"], f"{where}.maxWait")
+        kw["max_wait_s"] = positive_duration(value["maxWait"], f"{where}.maxWait")
     if "window" in value:
-        kw["window_s"] = _duration(value["window"], f"{where}.window")
+        kw["window_s"] = positive_duration(value["window"], f"{where}.window")
     if "coldStart" in value:
-        kw["cold_start_s"] = _duration(value["coldStart"], f"{where}.coldStart")
+        kw["cold_start_s"] = positive_duration(value["coldStart"], f"{where}.coldStart")
     if "waitCostPerGpuHour" in value:
         kw["wait_cost_per_gpu_hour"] = _number(value["waitCostPerGpuHour"], f"{where}.waitCostPerGpuHour", fix="e.g. 1")
     if "days" in value:
