@@ -212,10 +212,8 @@ def decisions() -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("which", nargs="*", help="replay, burst, compare, seeds, decisions (default: the first three)")
-    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+def add_option_args(parser: argparse.ArgumentParser) -> None:
+    """``--set KEY=YAML`` and ``--pool-wait KEY=DURATION`` (both repeatable); read with :func:`parse_option_args`."""
     parser.add_argument(
         "--set",
         action="append",
@@ -230,20 +228,39 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=DURATION",
         help="consolidateAfter or consolidateEmptyAfter of gpuscale's pools for the openb runs (repeatable)",
     )
-    parser.add_argument(
-        "--policies", help="comma-separated policies for `seeds` (default: gpuscale,cluster-autoscaler,karpenter)"
-    )
-    args = parser.parse_args(argv)
+
+
+def parse_option_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """The gpuscale options and pool waits given by :func:`add_option_args`' flags (a bad one: ``parser.error``)."""
+    options: dict[str, Any] = {}
+    waits: dict[str, float] = {}
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep or not key:
             parser.error(f"--set wants KEY=YAML, got {item!r}")
-        OPTIONS[key] = yaml.safe_load(value)
+        options[key] = yaml.safe_load(value)
     for item in args.pool_wait:
         key, sep, value = item.partition("=")
         if key not in ("consolidateAfter", "consolidateEmptyAfter") or not sep:
             parser.error(f"--pool-wait wants consolidateAfter=DURATION or consolidateEmptyAfter=DURATION, got {item!r}")
-        POOL_WAITS[key] = parse_duration(value)
+        waits[key] = parse_duration(value)
+    return options, waits
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("which", nargs="*", help="replay, burst, compare, seeds, decisions (default: the first three)")
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    add_option_args(parser)
+    parser.add_argument(
+        "--policies", help="comma-separated policies for `seeds` (default: gpuscale,cluster-autoscaler,karpenter)"
+    )
+    args = parser.parse_args(argv)
+    options, waits = parse_option_args(parser, args)
+    OPTIONS.update(options)
+    POOL_WAITS.update(waits)
     if args.policies:
         global SEED_POLICIES
         SEED_POLICIES = tuple(p.strip() for p in args.policies.split(",") if p.strip())

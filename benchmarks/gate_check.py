@@ -16,33 +16,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import yaml
-
-from bench_sim import KEYS, _openb_workload, _with_options
+from bench_sim import KEYS, _openb_workload, _with_options, add_option_args, parse_option_args
 from gpuscale.controller.options import options_controller
-from gpuscale.manifests.quantity import parse_duration
 from gpuscale.sim.runner import run_simulation
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=YAML", help="a gpuscale policy setting")
-    parser.add_argument(
-        "--pool-wait", action="append", default=[], metavar="KEY=DURATION", help="consolidate(Empty)After of the pools"
-    )
-    args = parser.parse_args(argv)
-    options: dict[str, Any] = {}
-    waits: dict[str, float] = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            parser.error(f"--set wants KEY=YAML, got {item!r}")
-        options[key] = yaml.safe_load(value)
-    for item in args.pool_wait:
-        key, sep, value = item.partition("=")
-        if key not in ("consolidateAfter", "consolidateEmptyAfter") or not sep:
-            parser.error(f"--pool-wait wants consolidateAfter=DURATION or consolidateEmptyAfter=DURATION, got {item!r}")
-        waits[key] = parse_duration(value)
+    add_option_args(parser)
+    options, waits = parse_option_args(parser, parser.parse_args(argv))
     made: list[Any] = []
 
     def factory(**kw: Any) -> Any:
