@@ -19,23 +19,8 @@ from typing import Any
 from gpuscale.controller.settingsread import known_keys, positive_duration, switched_rule
 from gpuscale.core.disruption.workcost import WorkCostRule
 from gpuscale.core.emptywait import EmptyWaitSpec
-from gpuscale.core.headroom import PREDICTIVE, HeadroomSpec
+from gpuscale.core.headroom import HEADROOM_KEYS, HEADROOM_REQUIRED, PREDICTIVE, HeadroomSpec
 from gpuscale.errors import InputError
-
-HEADROOM_KEYS = (
-    "policy",
-    "maxNodes",
-    "maxHourlyCost",
-    "lead",
-    "quantile",
-    "days",
-    "minDays",
-    "recentWindows",
-    "instanceType",
-    "waitCostPerGpuHour",
-    "coldStart",
-    "launch",
-)
 
 
 def _number(value: object, where: str, *, lo: float = 0.0, hi: float = 1e9, fix: str = "") -> float:
@@ -76,7 +61,7 @@ def headroom_spec(value: object, where: str) -> HeadroomSpec:
     policy = value.get("policy", PREDICTIVE)
     if policy != PREDICTIVE:
         raise InputError("unknown headroom policy", where=f"{where}.policy", value=policy, fix=f"use {PREDICTIVE}")
-    for k in ("maxNodes", "maxHourlyCost"):
+    for k in HEADROOM_REQUIRED:
         if k not in value:
             raise InputError(
                 f"{k} is required", where=where, fix="bound the headroom: e.g. maxNodes: 2, maxHourlyCost: 5"

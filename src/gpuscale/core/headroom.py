@@ -30,6 +30,23 @@ from gpuscale.core.resources import MILLI_PER_GPU
 
 DAY_S = 86400.0
 PREDICTIVE = "Predictive"
+HEADROOM_KEYS = (
+    "policy",
+    "maxNodes",
+    "maxHourlyCost",
+    "lead",
+    "quantile",
+    "days",
+    "minDays",
+    "recentWindows",
+    "instanceType",
+    "waitCostPerGpuHour",
+    "coldStart",
+    "launch",
+)
+"""The keys of a ``headroom`` setting, as the policy file and a GPUNodePool's ``spec.headroom`` spell them (read by
+:func:`gpuscale.controller.policyopts.headroom_spec`; the CRD's schema lists the same)."""
+HEADROOM_REQUIRED = ("maxNodes", "maxHourlyCost")
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ import click
 import yaml
 
 from gpuscale.core import labels as L
+from gpuscale.core.headroom import HEADROOM_KEYS, HEADROOM_REQUIRED
 from gpuscale.core.model import CapacityType, ConsolidationPolicy, SelectorOperator, TaintEffect
 from gpuscale.core.resources import GPU_RESOURCE
 from gpuscale.manifests import availability, nodeclaims, pools, status
@@ -182,22 +183,9 @@ def _disruption() -> Schema:
     )
 
 
-HEADROOM_FIELDS = (
-    "policy",
-    "maxNodes",
-    "maxHourlyCost",
-    "lead",
-    "quantile",
-    "days",
-    "minDays",
-    "recentWindows",
-    "instanceType",
-    "waitCostPerGpuHour",
-    "coldStart",
-    "launch",
-)
+HEADROOM_FIELDS = HEADROOM_KEYS
 """``spec.headroom``: read by the Kubernetes controller (:mod:`gpuscale.kube.policy`) with the policy file's checks
-(:data:`gpuscale.controller.policyopts.HEADROOM_KEYS`, the same names: a test compares them)."""
+(:func:`gpuscale.controller.policyopts.headroom_spec`), whose key list this is."""
 
 
 def _headroom() -> Schema:
@@ -223,7 +211,7 @@ def _headroom() -> Schema:
             "coldStart": string(pattern=duration),
             "launch": {"type": "boolean", "description": "false: only keep empty nodes warm, never launch one."},
         },
-        required=("maxNodes", "maxHourlyCost"),
+        required=HEADROOM_REQUIRED,
         description="Predictive warm headroom (gpuscale controller; see docs/policies.md).",
     )
 
