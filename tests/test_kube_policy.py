@@ -263,9 +263,9 @@ def test_command_reads_the_policy_file_from_the_flag_or_the_environment(server: 
 # ------------------------------------------------------------------------------------------------ the CRD
 def test_crd_headroom_schema_follows_the_policy_reader() -> None:
     jsonschema = pytest.importorskip("jsonschema")
-    assert crds.HEADROOM_FIELDS == HEADROOM_KEYS
     schema = crds.pool_schema()
     head = schema["properties"]["spec"]["properties"]["headroom"]
+    assert set(head["properties"]) == set(HEADROOM_KEYS)  # the schema the CRD serves names every key the reader takes
     assert head["required"] == ["maxNodes", "maxHourlyCost"]
     ok = pool({"maxNodes": 2, "maxHourlyCost": 5, "lead": "20m", "quantile": 0.75, "launch": False})
     jsonschema.validate(ok, schema)
