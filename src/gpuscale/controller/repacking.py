@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from gpuscale.controller.config import ControllerConfig
 from gpuscale.controller.shell import DisruptionInputs, World
-from gpuscale.core.disruption import DisruptionPlan, KeepReason, plan_disruption
+from gpuscale.core.disruption import DisruptionPlan, KeepReason
 from gpuscale.core.disruption.repack import (
     InFlight,
     RepackRule,
@@ -119,22 +119,8 @@ def _repack(
     if not young:
         return dp
     nodes, pods = repack_inputs(inputs.nodes, inputs.pods, flight)
-    second = plan_disruption(
-        nodes,
-        pods,
-        list(ctrl.pools.values()),
-        ctrl.catalog,
-        w.now,
-        since=since,
-        candidates=young,
-        disrupting=disrupting,
-        protected=set(inputs.protected),
-        pdbs=w.pdbs,
-        utilization=w.utilization,
-        unavailable=inputs.unavailable,
-        allow_replace=False,
-        workloads=ctrl.gpr.workloads or None,
-    )
+    with_flight = DisruptionInputs(pods, nodes, inputs.protected, inputs.unavailable)
+    second = ctrl._plan_pass(with_flight, young, disrupting, since, w, allow_replace=False)
     deletions = repack_deletions(second, young)
     if not deletions:
         return dp
@@ -159,22 +145,7 @@ def _not_onto_empty(
         return dp, set()
 
     def run(nodes: list[Node], only: set[str], busy: set[str]) -> DisruptionPlan:
-        return plan_disruption(
-            nodes,
-            inputs.pods,
-            list(ctrl.pools.values()),
-            ctrl.catalog,
-            w.now,
-            since=dp.since,
-            candidates=only,
-            disrupting=disrupting | busy,
-            protected=set(inputs.protected),
-            pdbs=w.pdbs,
-            utilization=w.utilization,
-            unavailable=inputs.unavailable,
-            allow_replace=ctrl.config.replace_nodes,
-            workloads=ctrl.gpr.workloads or None,
-        )
+        return ctrl._plan_pass(inputs, only, disrupting | busy, dp.since, w, nodes=nodes)
 
     first = run(list(inputs.nodes), candidates & empties, set())
     second = run(without_destinations(inputs.nodes, empties), candidates - empties, {a.node for a in first.actions})

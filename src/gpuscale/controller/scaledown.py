@@ -5,7 +5,7 @@ with retries at due times, and the removal of orphaned Node objects."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from gpuscale.controller.consolidation import PassInputs
@@ -17,6 +17,7 @@ from gpuscale.core.disruption import (
     plan_disruption,
 )
 from gpuscale.core.disruption.passmemo import PassMemo
+from gpuscale.core.model import Node
 from gpuscale.core.nodeclaim import REQUEST_ID_LABEL, ClaimPhase
 from gpuscale.core.reconcile import (
     DeleteNode,
@@ -232,8 +233,25 @@ class ScaleDownSteps(ShellBase):
     ) -> DisruptionPlan:
         """One disruption pass; ``memo``: the gate's :class:`~gpuscale.core.disruption.passmemo.PassMemo` (None for
         check mode's uncached reference)."""
+        return self._plan_pass(inputs, candidates, disrupting, since, w, memo=memo)
+
+    def _plan_pass(
+        self,
+        inputs: DisruptionInputs,
+        candidates: set[str],
+        disrupting: set[str],
+        since: Mapping[str, float],
+        w: World,
+        *,
+        nodes: Sequence[Node] | None = None,
+        allow_replace: bool | None = None,
+        memo: PassMemo | None = None,
+    ) -> DisruptionPlan:
+        """:func:`plan_disruption` over ``inputs`` (``nodes`` instead of its nodes when given) with this controller's
+        pools, catalog, GPR workloads and ``replaceNodes`` (unless ``allow_replace``); the optional rules' extra
+        passes (:mod:`gpuscale.controller.repacking`) call it too."""
         return plan_disruption(
-            inputs.nodes,
+            inputs.nodes if nodes is None else nodes,
             inputs.pods,
             list(self.pools.values()),
             self.catalog,
@@ -245,7 +263,7 @@ class ScaleDownSteps(ShellBase):
             pdbs=w.pdbs,
             utilization=w.utilization,
             unavailable=inputs.unavailable,
-            allow_replace=self.config.replace_nodes,
+            allow_replace=self.config.replace_nodes if allow_replace is None else allow_replace,
             workloads=self.gpr.workloads or None,
             memo=memo,
         )
