@@ -7,6 +7,7 @@ and free capacity, or marks it ``PodScheduled=False`` / ``Unschedulable``; pods 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import yaml
 from lightkube import KubeConfig
 
+from gpuscale.clock import ManualClock
 from gpuscale.controller.loop import ControllerConfig
 from gpuscale.core.predicates import static_fit
 from gpuscale.core.resources import Resources
@@ -47,15 +49,36 @@ def kwok_pool(*, consolidate_after: str) -> dict[str, Any]:
 
 
 class RoundsWorld:
-    """An end-to-end world driven in rounds: subclasses give :meth:`start` (a started process) and :meth:`round`."""
+    """An end-to-end world driven in rounds: subclasses give :meth:`start` (a started process) and set ``server``,
+    ``scheduler`` and ``clock``; a round advances the clock, steps the controller, then the scheduler."""
 
     proc: ControllerProcess
+    server: KubeAPIServer
+    scheduler: Scheduler
+    clock: ManualClock
 
     def start(self) -> ControllerProcess:
         raise NotImplementedError
 
+    def settle(self) -> None:
+        """Let the watches deliver what was written (the cache version stops moving)."""
+        last = -1
+        for _ in range(100):
+            time.sleep(0.02)
+            if self.proc.cache.version == last and self.proc.cache.healthy:
+                return
+            last = self.proc.cache.version
+
     def round(self, advance: float = 0.0) -> None:
-        raise NotImplementedError
+        self.clock.sleep(advance)
+        self.settle()
+        self.proc.step()
+        self.settle()
+        self.scheduler.step()
+        self.settle()
+
+    def kwok_nodes(self) -> list[dict[str, Any]]:
+        return [n for n in self.server.items("nodes") if (n["metadata"].get("labels") or {}).get("type") == "kwok"]
 
     def restart(self) -> None:
         self.proc.close()

@@ -68,26 +68,6 @@ class World(RoundsWorld):
         )
         return proc.start(sync_timeout_s=5)
 
-    def settle(self) -> None:
-        """Let the watches deliver what was written (the cache version stops moving)."""
-        last = -1
-        for _ in range(100):
-            time.sleep(0.02)
-            if self.proc.cache.version == last and self.proc.cache.healthy:
-                return
-            last = self.proc.cache.version
-
-    def round(self, advance: float = 0.0) -> None:
-        self.clock.sleep(advance)
-        self.settle()
-        self.proc.step()
-        self.settle()
-        self.scheduler.step()
-        self.settle()
-
-    def kwok_nodes(self) -> list[dict[str, object]]:
-        return [n for n in self.server.items("nodes") if (n["metadata"].get("labels") or {}).get("type") == "kwok"]  # type: ignore[union-attr, index]
-
     def events(self, reason: str) -> list[dict[str, object]]:
         self.proc.backend.events.flush()
         return [e for e in self.server.items("events") if e.get("reason") == reason]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from gpuscale.clock import ManualClock
 from gpuscale.controller.config import ControllerConfig
 from gpuscale.controller.loop import Controller
 from gpuscale.controller.options import OptionsController
-from gpuscale.controller.policyopts import HEADROOM_KEYS
+from gpuscale.core.headroom import HEADROOM_KEYS
 from gpuscale.errors import InputError
 from gpuscale.fakes.kube_api import KubeAPIServer
 from gpuscale.kube.command import ControllerProcess
@@ -68,25 +67,6 @@ class World(RoundsWorld):
     def start(self) -> ControllerProcess:
         proc = ControllerProcess(client_for(self.server), CATALOG, "kwok", clock=self.clock, config=self.config)
         return proc.start(sync_timeout_s=5)
-
-    def settle(self) -> None:
-        last = -1
-        for _ in range(100):
-            time.sleep(0.02)
-            if self.proc.cache.version == last and self.proc.cache.healthy:
-                return
-            last = self.proc.cache.version
-
-    def round(self, advance: float = 0.0) -> None:
-        self.clock.sleep(advance)
-        self.settle()
-        self.proc.step()
-        self.settle()
-        self.scheduler.step()
-        self.settle()
-
-    def kwok_nodes(self) -> list[dict[str, Any]]:
-        return [n for n in self.server.items("nodes") if (n["metadata"].get("labels") or {}).get("type") == "kwok"]
 
 
 @pytest.fixture
