@@ -109,7 +109,9 @@ def kubeconfig_for(server: KubeAPIServer, path: Path) -> Path:
 
 
 def client_for(server: KubeAPIServer) -> KubeClient:
-    return KubeClient(KubeConfig.from_dict(kubeconfig_dict(server.url)).get(), timeout_s=5.0)
+    config = KubeConfig.from_dict(kubeconfig_dict(server.url)).get()
+    assert config is not None  # lightkube's get() returns its current context or raises; never None here
+    return KubeClient(config, timeout_s=5.0)
 
 
 def _doc() -> Doc:

@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,10 +62,10 @@ def _fake(clock: ManualClock, task_delay_s: float = 0.0, boot_delay_s: float = 0
     return fake
 
 
-def _provider(fake: FakeAlibabaAPI, clock: ManualClock, secret: str | None = None, **kw: object) -> AlibabaProvider:
+def _provider(fake: FakeAlibabaAPI, clock: ManualClock, secret: str | None = None, **kw: Any) -> AlibabaProvider:
     config = AlibabaConfig(
         CLUSTER, "us-east-1", VSWITCHES, endpoint=fake.endpoint, protocol="http", timeout_s=5.0, **kw
-    )  # type: ignore[arg-type]
+    )
     return AlibabaProvider(
         config, access_key_id=fake.access_key_id, access_key_secret=secret or fake.access_key_secret, clock=clock
     )

@@ -351,7 +351,7 @@ def test_loopback_server_refuses_foreign_host_headers(srv: Server, host: str, st
 def test_host_rule_only_applies_to_loopback_binds() -> None:
     assert allowed_hosts_for("0.0.0.0") is None
     assert allowed_hosts_for("10.1.2.3") is None
-    assert allowed_hosts_for("::1") == {"localhost", "127.0.0.1", "::1"}
+    assert allowed_hosts_for("::1") == frozenset({"localhost", "127.0.0.1", "::1"})
     assert "proxy.local" in (allowed_hosts_for("localhost", ["Proxy.Local"]) or ())
 
 
@@ -377,7 +377,7 @@ def test_linode_token_is_scrubbed_from_chained_exceptions(caplog: pytest.LogCapt
             def boom(*_: object, failure: Exception = failure, **__: object) -> object:
                 raise failure
 
-            provider._client.get = boom  # type: ignore[method-assign]
+            provider._client.get = boom
             with pytest.raises(ProviderError) as info:
                 provider.list_nodes()
             logging.getLogger("gpuscale.test").error("provider failed", exc_info=info.value)

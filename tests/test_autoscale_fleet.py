@@ -17,11 +17,19 @@ SPEC = ScalerSpec(
 BUDGET = Budget("ml/shared", 4, 1.0, (ModelShare("llama", 1), ModelShare("mistral", 1)))
 
 
-def member(key: str, load: float | None, current: int = 1, *, prio: int = 0, model: str = "", **kw: object) -> Member:
+def member(
+    key: str,
+    load: float | None,
+    current: int = 1,
+    *,
+    prio: int = 0,
+    model: str = "",
+    state: ScalerState | None = None,
+    last_desired: int | None = None,
+) -> Member:
     budget = Membership("ml/shared", model) if model else None
     readings = None if load is None else {"load": load}
-    return Member(key, SPEC, kw.pop("state", ScalerState()), current, readings, PodCounts(current), prio, budget,
-                  **kw)  # type: ignore[arg-type]  # fmt: skip
+    return Member(key, SPEC, state or ScalerState(), current, readings, PodCounts(current), prio, budget, last_desired)
 
 
 def test_a_scaler_alone_scales_to_its_hpa_proposal_with_conditions() -> None:

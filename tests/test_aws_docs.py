@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,12 +32,12 @@ _IAM_NAME = {"DeleteMessageBatch": "DeleteMessage"}
 """API operations authorised under another IAM action."""
 
 
-def policies() -> list[dict]:
+def policies() -> list[dict[str, Any]]:
     blocks = re.findall(r"```json\n(.*?)```", DOC.read_text(), flags=re.S)
     return [json.loads(b) for b in blocks if '"Statement"' in b]
 
 
-def granted(policy: dict) -> set[str]:
+def granted(policy: dict[str, Any]) -> set[str]:
     out: set[str] = set()
     for st in policy["Statement"]:
         actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]

@@ -148,9 +148,9 @@ def _policy_keys() -> tuple[set[str], set[str]]:
                 ignored.add(word)
         accepted.add(word)
     # the keys the error message suggests are accepted keys too (guards the discovery above)
-    with pytest.raises(InputError) as exc:
+    with pytest.raises(InputError) as raised:
         ControllerConfig.from_policy({"noSuchSettingAnywhere": 1})
-    suggested = set(re.findall(r"[A-Za-z]+", str(exc.value).split("use one of", 1)[1]))
+    suggested = set(re.findall(r"[A-Za-z]+", str(raised.value).split("use one of", 1)[1]))
     assert suggested and suggested <= accepted, suggested - accepted
     return accepted, ignored
 

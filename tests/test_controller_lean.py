@@ -109,5 +109,5 @@ def test_pods_only_rounds_run_no_gpr_pass_until_a_gpr_appears(world: World, serv
     assert rounds >= 2 and passes == [1]  # launched for the pod without a GPR pass
     server.create("gpuprovisioningrequests", gpr("g1", numberOfGPUNodes=1), namespace="ml")
     world.settle()
-    world.until(lambda: any(GPR_LABEL in str(n["metadata"]) for n in world.kwok_nodes()))  # type: ignore[index]
+    world.until(lambda: any(GPR_LABEL in str(n["metadata"]) for n in world.kwok_nodes()))
     assert passes[0] > 1

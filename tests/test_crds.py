@@ -3,6 +3,7 @@ field tables, the shipped CR examples validate (and broken ones do not), and the
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Any
@@ -105,7 +106,7 @@ def test_pool_columns_show_nodes_gpus_and_cost() -> None:
     cols = {c["name"]: c["jsonPath"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
     assert cols["Nodes"] == ".status.nodes" and cols["GPUs"] == ".status.gpus" and cols["$/h"] == ".status.hourlyCost"
     schema = _schema("GPUNodePool")
-    written = {
+    written: dict[str, Any] = {
         "apiVersion": "gpuscale.io/v1alpha1",
         "kind": "GPUNodePool",
         "metadata": {"name": "p"},
@@ -249,10 +250,17 @@ def test_nodeclaim_reader_reports_every_problem() -> None:
 # ------------------------------------------------------------------------------- CEL rules (x-kubernetes-validations)
 try:
     import celpy
+    from celpy.adapter import json_to_cel
 except ImportError:  # pragma: no cover - cel-python is in the dev extra
-    celpy = None
-needs_cel = pytest.mark.skipif(celpy is None, reason="cel-python is not installed")
-_CEL = celpy.Environment() if celpy is not None else None
+    HAVE_CEL = False
+else:
+    HAVE_CEL = True
+needs_cel = pytest.mark.skipif(not HAVE_CEL, reason="cel-python is not installed")
+
+
+@functools.cache
+def _cel() -> celpy.Environment:
+    return celpy.Environment()
 
 
 def _rules(schema: dict[str, Any], path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], str, str]]:
@@ -265,7 +273,7 @@ def _rules(schema: dict[str, Any], path: tuple[str, ...] = ()) -> list[tuple[tup
     return out
 
 
-def _at(obj: object, path: tuple[str, ...]) -> list[object]:
+def _at(obj: Any, path: tuple[str, ...]) -> list[Any]:
     if not path:
         return [obj]
     head, rest = path[0], path[1:]
@@ -280,14 +288,14 @@ def cel_errors(doc: dict[str, Any], old: dict[str, Any] | None = None) -> list[s
     for path, rule, message in _rules(_schema(doc["kind"])):
         if "oldSelf" in rule and old is None:
             continue
-        prog = _CEL.program(_CEL.compile(rule))
+        prog = _cel().program(_cel().compile(rule))
         olds = _at(old, path) if old is not None else []
         for i, node in enumerate(_at(doc, path)):
-            act = {"self": celpy.json_to_cel(node)}
+            act = {"self": json_to_cel(node)}
             if "oldSelf" in rule:
                 if i >= len(olds):
                     continue
-                act["oldSelf"] = celpy.json_to_cel(olds[i])
+                act["oldSelf"] = json_to_cel(olds[i])
             if not bool(prog.evaluate(act)):
                 errors.append(message)
     return errors
@@ -298,7 +306,7 @@ def test_every_rule_compiles_and_the_examples_pass_them() -> None:
     rules = [r for spec in crds.crd_specs() for r in _rules(spec.schema)]
     assert len(rules) >= 6
     for _, rule, _ in rules:
-        _CEL.compile(rule)
+        _cel().compile(rule)
     docs = _examples() + [
         d for d in yaml.safe_load_all((REPO / "examples" / "snapshot.yaml").read_text()) if d and d["kind"] in
         ("GPUNodePool", "OfferingAvailability")

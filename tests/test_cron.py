@@ -15,8 +15,8 @@ from gpuscale.errors import InputError
 T0 = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
 
 
-def ts(*args: int) -> float:
-    return datetime(*args, tzinfo=UTC).timestamp()
+def ts(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> float:
+    return datetime(year, month, day, hour, minute, tzinfo=UTC).timestamp()
 
 
 def fires_at(c: CronSchedule, minute_start: float) -> bool:

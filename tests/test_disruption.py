@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,7 @@ from gpuscale.core import labels as L
 from gpuscale.core.disruption import (
     SPOT_FALLBACK_LABEL,
     ActionKind,
+    DisruptionPlan,
     DisruptionReason,
     KeepReason,
     PodDisruptionBudget,
@@ -86,17 +88,17 @@ def pod(name: str, on: str | None, gpus: int = 0, cpu: int = 500, milli: int = 0
 
 
 def decide(
-    nodes: Sequence[Node], pods: Sequence[Pod], pools: Sequence[NodePool], since_all: float | None = 0.0, **kw: object
-):  # type: ignore[no-untyped-def]
+    nodes: Sequence[Node], pods: Sequence[Pod], pools: Sequence[NodePool], since_all: float | None = 0.0, **kw: Any
+) -> DisruptionPlan:
     since = {n.name: since_all for n in nodes} if since_all is not None else {}
-    return plan_disruption(nodes, pods, pools, CATALOG, NOW, since=since, **kw)  # type: ignore[arg-type]
+    return plan_disruption(nodes, pods, pools, CATALOG, NOW, since=since, **kw)
 
 
-def actions(plan) -> dict[str, tuple[ActionKind, DisruptionReason]]:  # type: ignore[no-untyped-def]
+def actions(plan: DisruptionPlan) -> dict[str, tuple[ActionKind, DisruptionReason]]:
     return {a.node: (a.kind, a.reason) for a in plan.actions}
 
 
-def kept(plan) -> dict[str, KeepReason]:  # type: ignore[no-untyped-def]
+def kept(plan: DisruptionPlan) -> dict[str, KeepReason]:
     return {k.node: k.reason for k in plan.kept}
 
 
@@ -272,7 +274,7 @@ def test_protected_nodes_are_kept() -> None:
 
 def test_pods_respect_selectors_and_taints_when_moving() -> None:
     p = pool()
-    nodes = [node("a", "g4", p), node("b", "g4", p, **{"team": "x"})]
+    nodes = [node("a", "g4", p), node("b", "g4", p, team="x")]
     pods = [pod("pinned", "a", gpus=1, node_selector={"team": "y"}), pod("other", "b", gpus=3)]
     plan = decide(nodes, pods, [p])
     # "pinned" cannot go to b (label), so a is replaced by a cheaper node that... also lacks team=y: keep

@@ -35,7 +35,7 @@ def _draining(key: str = "d") -> NodeClaim:
         (ClaimEvent.INITIALIZED, {}),
         (ClaimEvent.DISRUPT, {"reason": "Underutilized"}),
     ):
-        c = transition(c, ev, 0.0, **kw)  # type: ignore[arg-type]
+        c = transition(c, ev, 0.0, **kw)
     assert c.phase is ClaimPhase.DRAINING
     return c
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -189,11 +189,20 @@ def _crash_run_with_gprs(
     from test_controller import CATALOG as CTL_CATALOG
     from test_controller import CRASH_POOL, Crash, CrashingBackend, CrashingProvider, CrashPlan, Harness, gpod
 
-    plan = CrashPlan(points)
+    class Plan(CrashPlan):  # also records the kind of every mutating call, in order
+        kinds: list[str]
+
+        def around(self, kind: str, effect: Any) -> Any:
+            if kind not in ("launch", "gpr-launch", "provider-delete"):
+                self.kinds.append(kind)
+            return super().around(kind, effect)
+
+    plan = Plan(points)
+    plan.kinds = []
     h = Harness([CRASH_POOL], seed=seed)
     h.backend = CrashingBackend(h.cluster, plan)
 
-    class Provider(CrashingProvider):  # type: ignore[misc]
+    class Provider(CrashingProvider):
         def launch(self, request: Any) -> Any:  # GPR launches are their own kind of kill point
             kind = "gpr-launch" if is_gpr_request_id(request.request_id) else "launch"
             plan.kinds.append(kind)
@@ -203,16 +212,7 @@ def _crash_run_with_gprs(
             plan.kinds.append("provider-delete")
             plan.around("provider-delete", lambda: self.inner.delete_node(node_id))
 
-    plan.kinds = []
     h.provider = Provider(h.cloud, plan)
-    backend_around = plan.around
-
-    def around(kind: str, effect: Any) -> Any:
-        if kind not in ("launch", "gpr-launch", "provider-delete"):
-            plan.kinds.append(kind)
-        return backend_around(kind, effect)
-
-    plan.around = around
 
     def start() -> GprManager:
         h.ctrl = h.new_controller()
@@ -226,7 +226,7 @@ def _crash_run_with_gprs(
     for i in range(5):
         h.engine.at(500.0, h.cluster.add_pod, gpod(f"b{i}"), rng.choice([100.0, 300.0]))
     ids: list[str] = []
-    script = {
+    script: dict[float, Callable[[GprManager], object]] = {
         0.0: lambda m: ids.append(m.create({**spec, "numberOfGPUNodes": 2}).gpr_id),
         450.0: lambda m: ids.append(m.create({**spec, "requestName": "b", "numberOfGPUNodes": 1}).gpr_id),
         800.0: lambda m: m.release(ids[0]),

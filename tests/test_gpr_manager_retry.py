@@ -106,7 +106,7 @@ def test_embedded_mode_keeps_capacity_marks_in_the_gpr_database(tmp_path: Path) 
 
 def _restart(tmp_path: Path, cloud: FakeProvider, clock: ManualClock, availability: Availability) -> GprManager:
     """A new manager on the same GPR database and clock."""
-    return GprManager(GprStore(tmp_path / "gpr.db"), CATALOG, provider=cloud, clock=clock, availability=availability)  # type: ignore[arg-type]
+    return GprManager(GprStore(tmp_path / "gpr.db"), CATALOG, provider=cloud, clock=clock, availability=availability)
 
 
 def test_a_restarted_manager_keeps_a_launchs_retry_due_time_and_attempts(tmp_path: Path) -> None:

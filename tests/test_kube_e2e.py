@@ -94,11 +94,11 @@ def test_pending_gpu_pod_scales_up_binds_completes_and_the_node_goes(world: Worl
     world.until(lambda: bool(world.kwok_nodes()))
     (node,) = world.kwok_nodes()
     meta = node["metadata"]
-    assert meta["labels"]["gpuscale.io/pool"] == "ada"  # type: ignore[index]
-    assert meta["labels"]["nvidia.com/gpu.product"] == "RTX4000-Ada"  # type: ignore[index]
-    assert meta["annotations"]["kwok.x-k8s.io/node"] == "fake"  # type: ignore[index]
+    assert meta["labels"]["gpuscale.io/pool"] == "ada"
+    assert meta["labels"]["nvidia.com/gpu.product"] == "RTX4000-Ada"
+    assert meta["annotations"]["kwok.x-k8s.io/node"] == "fake"
     world.until(lambda: _bound(server, "train-0") is not None)
-    assert _bound(server, "train-0") == meta["name"]  # type: ignore[index]
+    assert _bound(server, "train-0") == meta["name"]
     scaled = world.events("TriggeredScaleUp")
     assert [e["involvedObject"]["name"] for e in scaled] == ["train-0"]  # type: ignore[index]
     assert "ada" in str(scaled[0]["message"])
@@ -149,7 +149,7 @@ def test_a_pod_disruption_budget_blocks_the_drain_until_it_allows(world: World, 
     assert _bound(server, "db-0") == node, "the PDB keeps the pod"
     server.patch("poddisruptionbudgets", "db", {"spec": {"minAvailable": 0}}, namespace="ml")
     world.until(lambda: server.get("pods", "db-0", namespace="ml") is None or _bound(server, "db-0") != node)
-    world.until(lambda: node not in {n["metadata"]["name"] for n in world.kwok_nodes()}, advance=5)  # type: ignore[index]
+    world.until(lambda: node not in {n["metadata"]["name"] for n in world.kwok_nodes()}, advance=5)
     assert world.events("SpotInterrupted")
 
 
@@ -158,17 +158,17 @@ def test_a_restart_mid_flow_neither_leaks_nor_duplicates(world: World, server: K
         server.create("pods", gpu_pod(f"job-{i}"), namespace="ml")
     world.scheduler.step()
     world.round(1)
-    launched = {n["metadata"]["name"] for n in world.kwok_nodes()}  # type: ignore[index]
+    launched = {n["metadata"]["name"] for n in world.kwok_nodes()}
     assert len(launched) == 2
     world.restart()  # a new controller: state rebuilt from the cluster
     for _ in range(5):
         world.round(1)
-    assert {n["metadata"]["name"] for n in world.kwok_nodes()} == launched  # type: ignore[index]
+    assert {n["metadata"]["name"] for n in world.kwok_nodes()} == launched
     world.until(lambda: all(_bound(server, f"job-{i}") for i in range(2)))
     for i in range(2):
         world.scheduler.complete(f"ml/job-{i}")
     world.until(lambda: not world.kwok_nodes(), advance=30)
-    assert not [n for n in server.items("nodes") if REQUEST_ID_LABEL in (n["metadata"].get("labels") or {})]  # type: ignore[union-attr]
+    assert not [n for n in server.items("nodes") if REQUEST_ID_LABEL in (n["metadata"].get("labels") or {})]
 
 
 def test_the_api_server_going_away_and_coming_back(world: World, server: KubeAPIServer) -> None:
@@ -230,7 +230,7 @@ def test_command_runs_once_against_the_server(server: KubeAPIServer, tmp_path: P
     assert unknown.returncode == 2 and "unknown provider" in unknown.stderr
     done = _cli(config, "--provider", "kwok", "--once")
     assert done.returncode == 0, done.stderr
-    assert any((n["metadata"].get("labels") or {}).get("type") == "kwok" for n in server.items("nodes"))  # type: ignore[union-attr]
+    assert any((n["metadata"].get("labels") or {}).get("type") == "kwok" for n in server.items("nodes"))
 
 
 def test_command_start_up_failures_are_one_line_and_exit_2(tmp_path: Path) -> None:
@@ -298,7 +298,7 @@ def test_two_replicas_one_lease_only_the_leader_acts(server: KubeAPIServer) -> N
                 p.step()
             clock.sleep(1)
         assert leader.rounds > 0 and standby.rounds == 0
-        assert len([n for n in server.items("nodes") if (n["metadata"].get("labels") or {}).get("type") == "kwok"]) == 1  # type: ignore[union-attr]
+        assert len([n for n in server.items("nodes") if (n["metadata"].get("labels") or {}).get("type") == "kwok"]) == 1
     finally:
         for p in procs:
             p.close()

@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -184,7 +185,7 @@ def test_healthz_fails_when_the_loop_stalls() -> None:
 
 def test_readyz_lists_each_check_and_a_broken_check_is_a_reason() -> None:
     health = Health(ManualClock(T0))
-    state = {"cache": None}
+    state: dict[str, str | None] = {"cache": None}
     health.add("cache", lambda: state["cache"])
 
     def broken() -> str | None:
@@ -203,7 +204,10 @@ def test_readyz_lists_each_check_and_a_broken_check_is_a_reason() -> None:
 
 
 # ----------------------------------------------------------------- readiness from the real cache and elector
-kube_api = pytest.importorskip("gpuscale.fakes.kube_api")
+if TYPE_CHECKING:
+    from gpuscale.fakes import kube_api
+else:
+    kube_api = pytest.importorskip("gpuscale.fakes.kube_api")
 pytest.importorskip("lightkube")
 
 
@@ -241,6 +245,7 @@ def test_readyz_follows_the_cache_and_the_lease_as_the_api_server_goes_and_comes
             "current-context": "t",
         }
     ).get()
+    assert config is not None
     client = KubeClient(config, timeout_s=2.0)
     cache = KubeCache(client).start()
     elector = LeaderElector(

@@ -270,7 +270,7 @@ def test_a_gpr_borrows_a_free_node_of_the_engine_and_gives_it_back(world: World,
     world.until(lambda: _bound(server, "warm-0") is not None, advance=10)
     world.scheduler.complete("ml/warm-0")
     world.round(1)
-    (free,) = [n["metadata"]["name"] for n in world.kwok_nodes()]  # type: ignore[index]
+    (free,) = [n["metadata"]["name"] for n in world.kwok_nodes()]
     created = server.create("gpuprovisioningrequests", gpr("borrow", numberOfGPUNodes=1), namespace="ml")
     gpr_id = gpr_id_for(created)
     world.until(lambda: status(server, "borrow").get("provisioningStatus") == "Provisioned")
@@ -281,7 +281,7 @@ def test_a_gpr_borrows_a_free_node_of_the_engine_and_gives_it_back(world: World,
     taints = {(t["key"], t.get("value"), t["effect"]) for t in node["spec"]["taints"]}
     assert (GPR_TAINT, gpr_id, "NoSchedule") in taints
     world.round(120)  # past consolidateAfter: a held node is not consolidated
-    assert [n["metadata"]["name"] for n in world.kwok_nodes()] == [free]  # type: ignore[index]
+    assert [n["metadata"]["name"] for n in world.kwok_nodes()] == [free]
     server.delete("gpuprovisioningrequests", "borrow", namespace="ml")
     world.until(lambda: not gpr_nodes(server, gpr_id))
     node = server.get("nodes", free)

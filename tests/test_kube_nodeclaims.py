@@ -123,10 +123,10 @@ def test_a_scale_up_is_recorded_until_initialized_and_the_record_goes_with_the_n
         w.written()
         (rid,) = _records(server)
         (node,) = w.kwok_nodes()
-        assert node["metadata"]["labels"][REQUEST_ID_LABEL] == rid  # type: ignore[index]
+        assert node["metadata"]["labels"][REQUEST_ID_LABEL] == rid
         w.until(lambda: _records(server)[rid].get("status", {}).get("phase") == "Initialized")
         obj = _records(server)[rid]
-        name = node["metadata"]["name"]  # type: ignore[index]
+        name = node["metadata"]["name"]
         assert obj["spec"]["pool"] == "ada" and obj["spec"]["instanceType"] == "g2-gpu-rtx4000a1-s"
         assert obj["spec"]["pods"] == ["ml/train-0"]
         assert obj["status"]["nodeName"] == name and obj["status"]["providerID"] == name

@@ -152,7 +152,7 @@ def _hand_lease(server: KubeAPIServer, to: ControllerProcess, other: ControllerP
     (lease,) = server.items("leases")
     server.patch("leases", lease["metadata"]["name"], {"spec": {"holderIdentity": to.endpoints.elector.identity}},
                  "gpuscale")  # fmt: skip
-    _wait(lambda: to.endpoints.may_act() and not other.endpoints.may_act(), "the Lease did not change hands")  # type: ignore[union-attr]
+    _wait(lambda: to.endpoints.may_act() and not other.endpoints.may_act(), "the Lease did not change hands")
 
 
 def test_a_replica_that_wins_the_lease_back_restores_its_claims_from_the_records(server: KubeAPIServer) -> None:

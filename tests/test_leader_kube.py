@@ -7,18 +7,22 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from gpuscale.clock import ManualClock, SystemClock
 from gpuscale.core.leader import ElectionConfig
 
-kube_api = pytest.importorskip("gpuscale.fakes.kube_api")
+if TYPE_CHECKING:
+    from gpuscale.fakes import kube_api
+else:
+    kube_api = pytest.importorskip("gpuscale.fakes.kube_api")
 pytest.importorskip("lightkube")
 
-from lightkube import AsyncClient, KubeConfig  # noqa: E402
+from lightkube import AsyncClient, KubeConfig
 
-from gpuscale.kube.leader import PERMISSIONS, LeaderElector, default_identity  # noqa: E402
+from gpuscale.kube.leader import PERMISSIONS, LeaderElector, default_identity
 
 CFG = ElectionConfig(lease_duration_s=15, renew_deadline_s=10, retry_period_s=2)
 

@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from gpuscale.core.memo import Memo
+
+T = TypeVar("T")
+
+
+def noting(calls: list[T], answer: T) -> Callable[[], T]:
+    """A maker for :meth:`Memo.get` that notes each call in ``calls`` and gives ``answer``."""
+
+    def make() -> T:
+        calls.append(answer)
+        return answer
+
+    return make
 
 
 class Box:
@@ -18,8 +33,8 @@ def test_answers_are_remembered_per_values_and_object_identity() -> None:
     memo: Memo[str] = Memo(8)
     calls: list[str] = []
 
-    def make(tag: str):  # type: ignore[no-untyped-def]
-        return lambda: calls.append(tag) or tag
+    def make(tag: str) -> Callable[[], str]:
+        return noting(calls, tag)
 
     a, b = Box(), Box()
     assert memo.get(make("a1"), "x", objects=(a,)) == "a1"
@@ -44,8 +59,8 @@ def test_the_table_starts_afresh_past_its_size() -> None:
     memo: Memo[int] = Memo(2)
     calls: list[int] = []
     for v in (1, 2, 3, 1):
-        memo.get(lambda v=v: calls.append(v) or v, v)  # type: ignore[misc]
+        memo.get(noting(calls, v), v)
     assert calls == [1, 2, 3, 1]  # 3 cleared the table, so 1 is made again
     memo.clear()
-    memo.get(lambda: calls.append(9) or 9, 3)
+    memo.get(noting(calls, 9), 3)
     assert calls[-1] == 9

@@ -7,7 +7,7 @@ import dataclasses
 from builders import OD, SPOT, catalog, default_catalog, itype, node, pod, pool, req, taint, term, tol
 from gpuscale.core import labels as L
 from gpuscale.core.model import CapacityType, OfferingKey, PoolLimits, Snapshot
-from gpuscale.core.plan import BlockReason, PlannerConfig
+from gpuscale.core.plan import Blocked, BlockReason, PlannerConfig, ScaleUpPlan
 from gpuscale.core.planner import plan
 from gpuscale.core.resources import Resources
 
@@ -18,7 +18,7 @@ def snap(pods, nodes=(), pools=None, cat=None, unavailable=None) -> Snapshot:  #
     return Snapshot(tuple(pods), tuple(nodes), tuple(pools or (pool(),)), cat or default_catalog(), unavailable or {})
 
 
-def blocked(result, name):  # type: ignore[no-untyped-def]
+def blocked(result: ScaleUpPlan, name: str) -> Blocked:
     return next(b for b in result.blocked if b.pod == f"default/{name}")
 
 

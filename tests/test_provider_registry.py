@@ -56,7 +56,7 @@ def test_a_missing_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def needs_a_missing_sdk(settings: registry.ProviderSettings) -> Provider:
-    import gpuscale_missing_sdk  # type: ignore[import-not-found]  # noqa: F401
+    import gpuscale_missing_sdk  # noqa: F401
 
     raise AssertionError("unreachable")
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from builders import OD, SPOT, catalog, itype
-from gpuscale.core.model import InstanceType, Taint
+from gpuscale.core.model import CapacityType, InstanceType, Taint, TaintEffect
 from gpuscale.errors import (
     InsufficientCapacity,
     InvalidProviderRequest,
@@ -18,7 +18,7 @@ from gpuscale.errors import (
     RateLimited,
     TransientProviderError,
 )
-from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, ProviderEventKind
+from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, ProviderEvent, ProviderEventKind
 from gpuscale.sim.cloud import (
     CONTRACT_INSTANCE_TYPE,
     CONTRACT_NO_CAPACITY_TYPE,
@@ -84,7 +84,9 @@ def make(behaviour: CloudBehaviour = FIXED, seed: int = 0) -> tuple[Engine, SimC
     return eng, SimCloud(eng, CAT, behaviour, seed=seed, listener=lst), lst
 
 
-def req(rid: str, it: str = "t4-1", count: int = 1, zone: str = "z1", ct=OD, pool: str = "gpu") -> LaunchRequest:
+def req(
+    rid: str, it: str = "t4-1", count: int = 1, zone: str = "z1", ct: CapacityType = OD, pool: str = "gpu"
+) -> LaunchRequest:
     return LaunchRequest(rid, pool, it, zone, ct, count)
 
 
@@ -105,7 +107,9 @@ def test_launch_is_idempotent_by_request_id() -> None:
 
 def test_lifecycle_follows_the_latencies_and_tells_the_listener() -> None:
     eng, cloud, lst = make()
-    (node,) = cloud.launch(LaunchRequest("r", "gpu", "t4-1", "z1", OD, 1, taints=(Taint("gpu", "NoSchedule"),)))
+    (node,) = cloud.launch(
+        LaunchRequest("r", "gpu", "t4-1", "z1", OD, 1, taints=(Taint("gpu", TaintEffect.NO_SCHEDULE),))
+    )
     assert node.state is CloudNodeState.PROVISIONING and node.node_name
     eng.run_until(29.9)
     assert cloud.list_nodes()[0].state is CloudNodeState.PROVISIONING
@@ -113,7 +117,7 @@ def test_lifecycle_follows_the_latencies_and_tells_the_listener() -> None:
     assert cloud.list_nodes()[0].state is CloudNodeState.RUNNING
     eng.run_until(90.0)
     assert cloud.list_nodes()[0].state is CloudNodeState.READY
-    assert lst.registered == [(90.0, node.node_name, 120.0, (Taint("gpu", "NoSchedule"),))]
+    assert lst.registered == [(90.0, node.node_name, 120.0, (Taint("gpu", TaintEffect.NO_SCHEDULE),))]
     cloud.delete_node(node.node_id)
     assert lst.terminated == [(90.0, node.node_name, "deleted by request")]
     assert cloud.list_nodes()[0].state is CloudNodeState.DELETING
@@ -225,7 +229,7 @@ def test_spot_notice_then_death_at_the_deadline() -> None:
     )
     eng, cloud, lst = make(b, seed=3)
     nodes = cloud.launch(req("s", ct=SPOT, count=5))
-    notices = []
+    notices: list[ProviderEvent] = []
     t = 0.0
     while len(notices) < 5 and t < 48 * 3600:
         t += 60.0

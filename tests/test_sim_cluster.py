@@ -9,7 +9,7 @@ import pytest
 from builders import FIXED_CLOUD, OD, SPOT, catalog, itype, pod, taint, tol
 from gpuscale.controller.backend import Event, PodDisruptionBudget
 from gpuscale.core import labels as L
-from gpuscale.core.model import NodePool, Pod
+from gpuscale.core.model import CapacityType, NodePool, Pod
 from gpuscale.core.resources import Resources
 from gpuscale.providers.base import LaunchRequest
 from gpuscale.sim.cloud import SimCloud
@@ -37,12 +37,12 @@ class World:
         self.cluster.spot_notices = self.cloud.spot_notices
         self.n = 0
 
-    def launch(self, it: str = "t4-1", count: int = 1, pool: str = "gpu", ct=OD) -> list[str]:
+    def launch(self, it: str = "t4-1", count: int = 1, pool: str = "gpu", ct: CapacityType = OD) -> list[str]:
         self.n += 1
         nodes = self.cloud.launch(LaunchRequest(f"r{self.n}", pool, it, "z1", ct, count, labels={"extra": "yes"}))
         return [n.node_name for n in nodes]
 
-    def ready(self, it: str = "t4-1", count: int = 1, pool: str = "gpu", ct=OD) -> list[str]:
+    def ready(self, it: str = "t4-1", count: int = 1, pool: str = "gpu", ct: CapacityType = OD) -> list[str]:
         names = self.launch(it, count, pool, ct)
         self.run(self.eng.now() + 180.0)
         return names
@@ -218,6 +218,7 @@ def test_spot_reclaim_re_pends_pods_and_counts_survival() -> None:
     w.add(gpu_pod("p"))
     w.run(w.eng.now())
     on = w.where()["p"]
+    assert on is not None
     empty = b if on == a else a
     ids = {n.node_name: n.node_id for n in w.cloud.list_nodes()}
     w.cloud.interrupt(ids[on])

@@ -7,6 +7,7 @@ import pytest
 from gpuscale.errors import InputError
 from gpuscale.sim.engine import Dist
 from gpuscale.sim.workloads import (
+    Arrival,
     PodShape,
     alibaba2025_arrivals,
     alibaba2025_file,
@@ -129,7 +130,7 @@ def test_burst_from_zero_and_spread() -> None:
 
 def test_gangs_share_arrival_runtime_and_size() -> None:
     arr = gangs(10.0, 24 * 3600.0, sizes=(2, 4), seed=5)
-    groups: dict[str, list] = {}
+    groups: dict[str, list[Arrival]] = {}
     for a in arr:
         assert a.pod.gang is not None
         groups.setdefault(a.pod.gang, []).append(a)
