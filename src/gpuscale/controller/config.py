@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuscale.controller import policyopts, repackopts
+from gpuscale.controller.anticipating import anticipate_setting
+from gpuscale.core.anticipate import AnticipateSpec
 from gpuscale.core.disruption.repack import PodAgeRule, RepackRule
 from gpuscale.core.disruption.spotswap import SpotSwapRule
 from gpuscale.core.disruption.workcost import WorkCostRule
@@ -81,6 +83,8 @@ class ControllerConfig:
     """Underutilized consolidations may move pods onto empty nodes (``packOntoEmpty``; False: never)."""
     empty_wait: EmptyWaitSpec | None = None
     """Per-node empty wait from price and fitting arrivals (``emptyWait``; None: off)."""
+    anticipate: AnticipateSpec | None = None
+    """Scale-ups may buy room for the pods expected in the next minutes (``anticipate``; None: off)."""
 
     def deadlines_for(self, pool: str) -> Deadlines:
         """The deadlines of ``pool``."""
@@ -116,7 +120,8 @@ class ControllerConfig:
         ``consolidation``, ``replaceNodes``, ``requestIdPrefix``, ``scorer``, ``exactSolver``, ``deadlines``
         (``launch``, ``registration``, ``gpuInit``) and ``poolDeadlines`` (pool name -> deadlines). The optional
         policies (off by default): ``evictionCost``, ``headroom``, ``emptyWait``
-        (:mod:`~gpuscale.controller.policyopts`), ``evictMaxPodAge``, ``repack``, ``spotToSpot``
+        (:mod:`~gpuscale.controller.policyopts`), ``anticipate`` (:mod:`~gpuscale.controller.anticipating`),
+        ``evictMaxPodAge``, ``repack``, ``spotToSpot``
         (:mod:`~gpuscale.controller.repackopts`) and ``packOntoEmpty``. ``name``, ``reconcileInterval`` and
         ``settle`` belong to the simulator and are ignored. Anything else raises
         :class:`~gpuscale.errors.InputError`.
@@ -166,6 +171,8 @@ class ControllerConfig:
                 kw["spot_to_spot"] = repackopts.spot_to_spot(value, path)
             elif key == "emptyWait":
                 kw["empty_wait"] = policyopts.empty_wait(value, path)
+            elif key == "anticipate":
+                kw["anticipate"] = anticipate_setting(value, path)
             elif key == "poolDeadlines":
                 if not isinstance(value, Mapping):
                     raise InputError("must map pool names to deadlines", where=path, value=value)
@@ -181,6 +188,7 @@ class ControllerConfig:
                     "evictionCost",
                     "headroom",
                     "emptyWait",
+                    "anticipate",
                     "evictMaxPodAge",
                     "repack",
                     "spotToSpot",

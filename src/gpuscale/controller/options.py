@@ -3,7 +3,9 @@
 :mod:`gpuscale.core.headroom`), the per-node empty wait (``emptyWait``, :mod:`gpuscale.core.emptywait` through
 :mod:`gpuscale.controller.emptykeep`: the gate reads a kept empty node's wait from :meth:`_pool_of_node`) and the
 consolidation rules ``spotToSpot``, ``packOntoEmpty``, ``evictMaxPodAge`` and ``repack``
-(:mod:`gpuscale.controller.repacking`).
+(:mod:`gpuscale.controller.repacking`), and the demand-anticipating scale-up (``anticipate``,
+:mod:`gpuscale.controller.anticipating`: each plan that launches nodes may be swapped for one with room for the pods
+expected next, :meth:`OptionsController._anticipate`).
 
 :class:`OptionsController` is the :class:`~gpuscale.controller.loop.Controller` with two hooks, both at the start of
 the consolidation step of a round:
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuscale.controller import repacking
+from gpuscale.controller.anticipating import Anticipation
 from gpuscale.controller.emptykeep import EmptyWaits
 from gpuscale.controller.loop import Controller, ControllerConfig
 from gpuscale.controller.shell import DisruptionInputs, ReconcileResult, World
@@ -41,9 +44,10 @@ from gpuscale.core.headroom import (
     pick_offer,
     size_headroom,
 )
-from gpuscale.core.model import NodePool
+from gpuscale.core.model import NodePool, Snapshot
 from gpuscale.core.nodeclaim import IN_FLIGHT, ClaimPhase
 from gpuscale.core.reconcile import EventKind, Outcome
+from gpuscale.core.reconcile.scaleup import ScaleUpDecision, decide_scale_up
 from gpuscale.core.resources import MILLI_PER_GPU
 
 HEADROOM_REASON = "Headroom"
@@ -93,6 +97,9 @@ class OptionsController(Controller):
         spec = self.config.empty_wait
         self.empty_waits = EmptyWaits(spec, self.clock.now()) if spec is not None else None
         """Per-node empty waits (``emptyWait``; None: off)."""
+        spec_a = self.config.anticipate
+        self.anticipation = Anticipation(spec_a, self.clock.now()) if spec_a is not None else None
+        """Arrivals and plan choices of the demand-anticipating scale-up (``anticipate``; None: off)."""
 
     # ------------------------------------------------------------------------------------------------ hooks
     def next_wakeup(self) -> float | None:
@@ -121,7 +128,23 @@ class OptionsController(Controller):
             self._keep_headroom(w, result)
         if self.empty_waits is not None:
             self._decide_empty_waits(w)
+        if self.anticipation is not None:
+            self.anticipation.observe(w)
         super()._consolidate(w, result)
+
+    def _anticipate(self, snapshot: Snapshot, decision: ScaleUpDecision, w: World) -> ScaleUpDecision:
+        a = self.anticipation
+        if a is None or not decision.launches:
+            return decision
+        a.observe(w)
+        st, cfg, now = self.scaleup, self.config, w.now
+
+        def replan(s: Snapshot) -> ScaleUpDecision:
+            return decide_scale_up(
+                s, st.planner, cfg.planner, now, attempt=decision.attempt, max_replans=cfg.max_replans
+            )
+
+        return a.choose(snapshot, decision, replan, self.catalog, now)
 
     def _pool_of_node(self, name: str) -> NodePool | None:
         pool = super()._pool_of_node(name)
@@ -282,7 +305,13 @@ def options_controller(*, config: ControllerConfig | Mapping[str, Any] | None = 
     else the plain :class:`~gpuscale.controller.loop.Controller`, exactly as
     :func:`~gpuscale.controller.loop.make_controller` builds it."""
     cfg = config if isinstance(config, ControllerConfig) else ControllerConfig.from_policy(config)
-    if cfg.eviction_cost is None and not cfg.headroom and cfg.empty_wait is None and not repacking.uses_config(cfg):
+    if (
+        cfg.eviction_cost is None
+        and not cfg.headroom
+        and cfg.empty_wait is None
+        and cfg.anticipate is None
+        and not repacking.uses_config(cfg)
+    ):
         from gpuscale.controller.loop import make_controller
 
         return make_controller(config=cfg, **kw)

@@ -155,6 +155,7 @@ class ScaleUpSteps(ShellBase):
                     attempt=attempt,
                     max_replans=self.config.max_replans,
                 )
+            decision = self._anticipate(snapshot if held is None else held, decision, w)
             seeds.update(o.seed for o in decision.launches)
             if not self._carry_out(decision.launches, w, result) or not decision.may_replan:
                 break
@@ -172,6 +173,10 @@ class ScaleUpSteps(ShellBase):
         for b in decision.blocked:
             self._report(f"pod/{b.pod}", str(b.reason), EventKind.BLOCKED, now, b.message)
         self._prune_reports(verdict.pending)
+
+    def _anticipate(self, snapshot: Snapshot, decision: ScaleUpDecision, w: World) -> ScaleUpDecision:
+        """The plan to carry out (the ``anticipate`` option may buy room for expected pods: OptionsController)."""
+        return decision
 
     def _signature(self, real: Sequence[Pod], virtual: Sequence[Pod], w: World) -> object:
         now = w.now

@@ -1,0 +1,140 @@
+"""The controller's side of the demand-anticipating scale-up (``anticipate``, :mod:`gpuscale.core.anticipate`): the
+setting's reader, the arrivals it records, and the choice between the plain plan and the plan with the expected
+pods, made each time a plan launches nodes for pending pods.
+
+The arrival history lives in memory: after a restart it starts again from nothing (plans are plain until arrivals
+are seen again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from gpuscale.controller.settingsread import known_keys, positive_duration
+from gpuscale.core.anticipate import AnticipateSpec, Verdict, expected_pods, weigh, without_anticipated
+from gpuscale.core.model import Catalog, Pod, Snapshot
+from gpuscale.core.reconcile.scaleup import ScaleUpDecision
+from gpuscale.errors import InputError
+
+if TYPE_CHECKING:  # the shell imports the config, which imports this module's reader
+    from gpuscale.controller.shell import World
+
+ANTICIPATE_KEYS = ("lead", "quantile", "recentWindows", "days", "waitCostPerGpuHour", "coldStart", "maxExtraGpus")
+
+
+def anticipate_setting(value: object, where: str) -> AnticipateSpec | None:
+    """``anticipate``: None (off), or the rule (``true``: all defaults)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return AnticipateSpec()
+    value = known_keys(
+        value,
+        where,
+        name="anticipate",
+        keys=ANTICIPATE_KEYS,
+        expected="must be true, false or a mapping",
+        example="e.g. {lead: 10m, waitCostPerGpuHour: 4, maxExtraGpus: 8}",
+    )
+    kw: dict[str, Any] = {}
+    if "lead" in value:
+        kw["lead_s"] = positive_duration(value["lead"], f"{where}.lead")
+    if "coldStart" in value:
+        kw["cold_start_s"] = positive_duration(value["coldStart"], f"{where}.coldStart")
+    if "quantile" in value:
+        kw["quantile"] = _number(value["quantile"], f"{where}.quantile", 0.0, 1.0, "e.g. 0.5")
+    if "waitCostPerGpuHour" in value:
+        kw["wait_cost_per_gpu_hour"] = _number(
+            value["waitCostPerGpuHour"], f"{where}.waitCostPerGpuHour", 0.0, 1e6, "e.g. 4"
+        )
+    for key, attr, lo, hi in (("recentWindows", "recent_windows", 1, 10_000), ("days", "days", 0, 366)):
+        if key in value:
+            kw[attr] = _integer(value[key], f"{where}.{key}", lo, hi)
+    if "maxExtraGpus" in value:
+        kw["max_extra_gpus"] = _integer(value["maxExtraGpus"], f"{where}.maxExtraGpus", 1, 10_000)
+    return AnticipateSpec(**kw)
+
+
+def _number(value: object, where: str, lo: float, hi: float, fix: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise InputError(f"must be a number from {lo:g} to {hi:g}", where=where, value=value, fix=fix)
+    return float(value)
+
+
+def _integer(value: object, where: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise InputError(f"must be an integer from {lo} to {hi}", where=where, value=value, fix=f"e.g. {max(lo, 2)}")
+    return value
+
+
+@dataclass
+class AnticipateStats:
+    """What the rule did, for reports."""
+
+    weighed: int = 0
+    """Plans that launched nodes and had expected pods to weigh."""
+    taken: int = 0
+    extra_gpus: int = 0
+    """GPUs bought beyond the plain plans, over the plans taken."""
+    extra_hourly: float = 0.0
+    """$/h bought beyond the plain plans, over the plans taken."""
+    last: Verdict | None = None
+
+
+class Anticipation:
+    """Arrivals seen and the choice of plan (see the module docstring)."""
+
+    def __init__(self, spec: AnticipateSpec, first_seen: float) -> None:
+        self.spec = spec
+        self.first_seen = first_seen
+        self.times: list[float] = []
+        self.pods: list[Pod] = []
+        self._seen: set[str] | None = None
+        self.stats = AnticipateStats()
+
+    def observe(self, w: World) -> None:
+        """Record the GPU pods first seen this round (not daemon pods); drop arrivals the forecast no longer reads.
+        Calling it twice in a round records nothing the second time."""
+        keys = {p.key for p in w.pods}
+        if self._seen is not None:
+            for p in w.pods:
+                if p.key not in self._seen and not p.is_daemonset and p.request.gpu_demand_milli > 0:
+                    self.times.append(w.now)
+                    self.pods.append(p)
+        self._seen = keys
+        keep_from = w.now - self.spec.history_s
+        cut = 0
+        while cut < len(self.times) and self.times[cut] < keep_from:
+            cut += 1
+        if cut:
+            del self.times[:cut]
+            del self.pods[:cut]
+
+    def choose(
+        self,
+        snapshot: Snapshot,
+        plain: ScaleUpDecision,
+        replan: Callable[[Snapshot], ScaleUpDecision],
+        catalog: Catalog,
+        now: float,
+    ) -> ScaleUpDecision:
+        """``plain``, or the plan ``replan`` makes with the expected pods added to ``snapshot`` when it pays (its
+        expected pods taken out). Only plans that launch nodes are weighed."""
+        if not plain.launches:
+            return plain
+        expected = expected_pods(self.times, self.pods, self.first_seen, now, self.spec)
+        if not expected:
+            return plain
+        more = replan(replace(snapshot, pods=snapshot.pods + expected))
+        verdict = weigh(plain, more, expected, catalog, self.spec)
+        st = self.stats
+        st.weighed += 1
+        st.last = verdict
+        if not verdict.take:
+            return plain
+        st.taken += 1
+        st.extra_gpus += verdict.extra_gpus
+        st.extra_hourly += verdict.extra_hourly
+        return without_anticipated(more, expected)
