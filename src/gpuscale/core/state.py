@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import numpy.typing as npt
@@ -66,47 +67,42 @@ class ClusterState:
         requests_per_row: Sequence[Sequence[Request]],
     ) -> ClusterState:
         """The same state as ``ClusterState.of(names, caps, models)`` followed by :meth:`occupy_all` of
-        ``requests_per_row``, built from per-row Python values in one conversion per column (every row is fresh,
-        so its GPUs come from the ``_fresh_row`` table, and no column is made twice)."""
+        ``requests_per_row``, built from per-row Python values (:func:`occupied_row`) in one conversion per array
+        (every row is fresh, so its GPUs come from the ``_fresh_row`` table)."""
+        width = max([*(c.gpus for c in caps), 1])
+        rows = [occupied_row(c, width, reqs) for c, reqs in zip(caps, requests_per_row, strict=True)]
+        return cls.from_rows(names, models, [r[0] for r in rows], [r[1] for r in rows], width)
+
+    @classmethod
+    def from_rows(
+        cls,
+        names: list[str],
+        models: Sequence[str | None],
+        values: Sequence[RowValues],
+        gpu_rows: Sequence[list[int]],
+        width: int,
+    ) -> ClusterState:
+        """The state of rows given by :func:`occupied_row` (``width``: the GPU columns, the same for every row; each
+        GPU row holds ``width`` values)."""
         new = object.__new__(cls)
-        gpus = [c.gpus for c in caps]
-        width = max([*gpus, 1])
         new.names = names
         new.models = sorted(set(models), key=lambda m: (m is None, m or ""))
         model_index = {m: i for i, m in enumerate(new.models)}
-        cpu_free: list[int] = []
-        mem_free: list[int] = []
-        pods_free: list[int] = []
-        rows: list[list[int]] = []
-        full: list[int] = []
-        top: list[int] = []
-        for c, g, reqs in zip(caps, gpus, requests_per_row, strict=True):
-            cm = mm = whole = 0
-            fractions: list[int] = []
-            for r in reqs:
-                cm += r.cpu_milli
-                mm += r.memory_mib
-                whole += r.gpus
-                if r.gpu_milli:
-                    fractions.append(r.gpu_milli)
-            cpu_free.append(max(0, c.cpu_milli - cm))
-            mem_free.append(max(0, c.memory_mib - mm))
-            pods_free.append(max(0, c.pods - len(reqs)))
-            row, f, t = _fresh_row(g, width, whole, tuple(fractions))  # no request: the untouched row
-            rows.append(row)
-            full.append(f)
-            top.append(t)
-        new.model_idx = np.array([model_index[m] for m in models], dtype=np.int64)
-        new.cpu_cap = np.array([c.cpu_milli for c in caps], dtype=np.int64)
-        new.mem_cap = np.array([c.memory_mib for c in caps], dtype=np.int64)
-        new.gpu_cap = np.array(gpus, dtype=np.int64)
-        new.pods_cap = np.array([c.pods for c in caps], dtype=np.int64)
-        new.cpu_free = np.array(cpu_free, dtype=np.int64)
-        new.mem_free = np.array(mem_free, dtype=np.int64)
-        new.pods_free = np.array(pods_free, dtype=np.int64)
-        new.gpu_free = np.array(rows, dtype=np.int64).reshape(len(rows), width)
-        new.full_free = np.array(full, dtype=np.int64)
-        new.max_free = np.array(top, dtype=np.int64)
+        n = len(values)
+        new.model_idx = np.fromiter([model_index[m] for m in models], dtype=np.int64, count=n)
+        cols = np.fromiter(chain.from_iterable(values), dtype=np.int64, count=9 * n).reshape(n, 9).T.copy()
+        (
+            new.cpu_cap,
+            new.mem_cap,
+            new.gpu_cap,
+            new.pods_cap,
+            new.cpu_free,
+            new.mem_free,
+            new.pods_free,
+            new.full_free,
+            new.max_free,
+        ) = cols  # each a contiguous row of one fresh array
+        new.gpu_free = np.fromiter(chain.from_iterable(gpu_rows), dtype=np.int64, count=n * width).reshape(n, width)
         return new
 
     def _build(
@@ -321,6 +317,29 @@ class ClusterState:
         for k, v in self.__dict__.items():
             setattr(new, k, v.copy() if isinstance(v, np.ndarray | list) else v)
         return new
+
+
+RowValues = tuple[int, int, int, int, int, int, int, int, int]
+"""One row of :meth:`ClusterState.from_rows`: (cpu_cap, mem_cap, gpu_cap, pods_cap, cpu_free, mem_free, pods_free,
+full_free, max_free)."""
+
+
+def occupied_row(cap: Resources, width: int, reqs: Sequence[Request]) -> tuple[RowValues, list[int]]:
+    """(values, free milli-GPU per GPU column) of a node row of capacity ``cap`` in a state ``width`` GPUs wide once
+    ``reqs`` are bound to it, as :meth:`ClusterState.occupy_all` accounts them on a new state. The GPU row is shared
+    (``_fresh_row``): do not change it."""
+    cm = mm = whole = 0
+    fractions: list[int] = []
+    for r in reqs:
+        cm += r.cpu_milli
+        mm += r.memory_mib
+        whole += r.gpus
+        if r.gpu_milli:
+            fractions.append(r.gpu_milli)
+    g = cap.gpus
+    row, full, top = _fresh_row(g, width, whole, tuple(fractions))  # no request: the untouched row
+    cpu, mem, pods = cap.cpu_milli, cap.memory_mib, cap.pods
+    return (cpu, mem, g, pods, max(0, cpu - cm), max(0, mem - mm), max(0, pods - len(reqs)), full, top), row
 
 
 _FRESH_ROWS: dict[tuple[int, int, int, tuple[int, ...]], tuple[list[int], int, int]] = {}

@@ -3,7 +3,7 @@ in-flight nodes, pack what is left onto new nodes, optionally re-optimise them e
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from gpuscale.core.model import Pod, Snapshot
 from gpuscale.core.plan import Blocked, BlockReason, Launch, PlannerConfig, ScaleUpPlan
@@ -19,6 +19,30 @@ from gpuscale.core.predicates import matching_gprs
 from gpuscale.core.templates import pool_totals
 
 
+class _PodIndex(Mapping[str, Pod]):
+    """The snapshot's pods by key, indexed on first use (only a plan the integer program improves reads it)."""
+
+    __slots__ = ("_index", "_pods")
+
+    def __init__(self, pods: Sequence[Pod]) -> None:
+        self._pods = pods
+        self._index: dict[str, Pod] | None = None
+
+    def _get(self) -> dict[str, Pod]:
+        if self._index is None:
+            self._index = {p.key: p for p in self._pods}
+        return self._index
+
+    def __getitem__(self, key: str) -> Pod:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+
 class Planner:
     """One planning run. Use :func:`plan`."""
 
@@ -32,7 +56,7 @@ class Planner:
         self.packer = GreedyPacker(self.choices, self.class_of, config.candidate_types, table)
         self.classes: list[PodClass] = []
         self._class_of: dict[tuple[object, ...], PodClass] = {}
-        self.pods_by_key: dict[str, Pod] = {p.key: p for p in snapshot.pods}
+        self.pods_by_key: Mapping[str, Pod] = _PodIndex(snapshot.pods)
         self._workloads = snapshot.workloads
 
     def _key(self, pod: Pod) -> tuple[object, ...]:
@@ -74,7 +98,15 @@ class Planner:
 
     # -- driver
     def run(self) -> ScaleUpPlan:
-        pending = sorted((p for p in self.snapshot.pods if p.pending and not p.is_daemonset), key=pod_order)
+        pending: list[Pod] = []
+        bound_members: dict[str, int] = {}  # per gang, its members bound to a node
+        for p in self.snapshot.pods:
+            if p.node_name is None:
+                if p.phase == "Pending" and not p.is_daemonset:
+                    pending.append(p)
+            elif p.gang and p.phase in ("Pending", "Running"):
+                bound_members[p.gang] = bound_members.get(p.gang, 0) + 1
+        pending.sort(key=pod_order)
         self._classify(pending)
         ctx = self._initial_context()
         gangs: dict[str, list[Pod]] = {}
@@ -84,22 +116,21 @@ class Planner:
                 gangs.setdefault(p.gang, []).append(p)
             else:
                 singles.append(p)
-        bound_members: dict[str, int] = {}
-        for p in self.snapshot.pods:
-            if p.gang and p.node_name is not None and p.phase in ("Pending", "Running"):
-                bound_members[p.gang] = bound_members.get(p.gang, 0) + 1
         for name in sorted(gangs):
             ctx = self._plan_gang(ctx, name, gangs[name], bound_members.get(name, 0))
+        # the gangs' nodes, when packed onto few nodes on purpose, are kept out of the integer program's re-packing
+        kept = len(ctx.groups) if self.config.gang_tolerance is not None else 0
         left = self._place_existing(ctx, singles)
         left = self._pack_new(ctx, left)
         for pod in left:
             ctx.blocked.append(self.explain(ctx, pod))
         groups = ctx.groups
         solver = "greedy"
-        if self.config.exact_solver and groups:
-            improved = improve_with_milp(self.choices, self.classes, self.class_of, self.pods_by_key, ctx, self.config)
+        if self.config.exact_solver and len(groups) > kept:
+            rest = Context(ctx.state, ctx.pool_nodes, ctx.pool_usage, groups[kept:], ctx.placements, ctx.blocked)
+            improved = improve_with_milp(self.choices, self.classes, self.class_of, self.pods_by_key, rest, self.config)
             if improved is not None:
-                groups, solver = improved, "milp"
+                groups, solver = groups[:kept] + improved, "milp"
         return self._result(ctx, groups, solver)
 
     def _plan_gang(self, ctx: Context, name: str, members: list[Pod], bound: int) -> Context:
@@ -116,7 +147,7 @@ class Planner:
             return ctx
         trial = ctx.copy()
         left = self._place_existing(trial, members)
-        left = self._pack_new(trial, left)
+        left = self.packer.pack(trial, left, self.config.gang_tolerance)
         if not left:
             return trial
         why = self.explain(trial, left[0])

@@ -13,11 +13,20 @@ from gpuscale.core.model import Node, Pod, Snapshot
 from gpuscale.core.planner.classes import PodClass, referenced_keys
 from gpuscale.core.planner.context import Context
 from gpuscale.core.predicates import static_failure
-from gpuscale.core.resources import Request
-from gpuscale.core.scoring import Scorer, Workload, make_scorer, select
-from gpuscale.core.state import ClusterState, IntArray
+from gpuscale.core.scoring import SCORERS, Scorer, Workload, make_scorer, select
+from gpuscale.core.state import ClusterState, IntArray, RowValues, occupied_row
 
 _KEY = attrgetter("key")
+_BOUND = ("Pending", "Running")
+"""Phases of a pod bound to a node that take its room."""
+
+_ROWS: dict[str, tuple[Node, int, list[Pod], RowValues, list[int], str | None]] = {}
+"""Per node name, the row the last plan that saw the node built for it: (node, GPU columns, the pods bound to it in key
+order, :func:`~gpuscale.core.state.occupied_row`'s values and GPU row, GPU model). A row depends on nothing else (the
+node's allocatable and GPU model, the pods' requests), so it is reused while the node is the same object and the width
+and pods are equal (a controller plans again and again with most nodes and their pods the same objects); an entry is
+replaced when any of them differs, and the table starts afresh past ``_ROWS_SIZE`` names."""
+_ROWS_SIZE = 4096
 
 
 class ExistingNodes:
@@ -26,14 +35,18 @@ class ExistingNodes:
 
     def __init__(self, snapshot: Snapshot, scorer: str) -> None:
         self.snapshot = snapshot
-        self.scorer: Scorer = make_scorer(scorer)
+        if scorer not in SCORERS:
+            make_scorer(scorer)  # raises the KeyError naming the known scorers
+        self._scorer_name = scorer
+        self.scorer: Scorer | None = None
+        """Made on first use (most plans place nothing on existing nodes, or on a lone candidate)."""
         self.nodes: list[Node] = sorted(snapshot.nodes, key=lambda n: (n.launching, n.name))
         self.node_index = {n.name: i for i, n in enumerate(self.nodes)}
         self.launching = np.array([n.launching for n in self.nodes], dtype=bool)
         self._rows_cache: dict[int, tuple[IntArray, IntArray]] = {}
         self._groups_cache: dict[tuple[str, ...], list[IntArray]] = {}
         self._scorer_ready = False
-        self._pure_scores = not getattr(self.scorer, "draws", False)
+        self._pure_scores = not getattr(SCORERS[scorer], "draws", False)
         """The scorer's answers depend on its inputs alone (no random stream that a skipped call would not
         advance). Its ``prepare`` reads only the state's rows, capacities and GPU models, never the free capacity,
         so preparing it after some placements gives the same scorer."""
@@ -41,22 +54,40 @@ class ExistingNodes:
         """The active GPRs' workload selectors (None: no GPR is active, the rule costs nothing)."""
 
     def initial_state(self) -> ClusterState:
-        """The nodes' free capacity after the pods already bound to them."""
+        """The nodes' free capacity after the pods already bound to them (rows remembered in ``_ROWS``)."""
         nodes = self.nodes
-        bound: list[list[Request]] = [[] for _ in self.nodes]
         index = self.node_index
-        on_nodes = [p for p in self.snapshot.pods if p.node_name in index and p.phase in ("Pending", "Running")]
-        on_nodes.sort(key=_KEY)
-        for pod in on_nodes:
-            bound[index[pod.node_name]].append(pod.request)  # type: ignore[index]
-        names, allocatable, models = (
-            [n.name for n in nodes],
-            [n.allocatable for n in nodes],
-            [n.gpu_model for n in nodes],
-        )
-        state = ClusterState.occupied(names, allocatable, models, bound)  # of(...) + occupy_all(bound), cheaper
+        bound: list[list[Pod]] = [[] for _ in nodes]
+        gangs = False
+        for p in self.snapshot.pods:
+            i = index.get(p.node_name)  # type: ignore[arg-type]
+            if i is not None:
+                if p.phase in _BOUND:
+                    bound[i].append(p)
+            elif p.gang and p.node_name is None and p.phase == "Pending":
+                gangs = True
+        width = max([*(n.allocatable.gpus for n in nodes), 1])
+        names: list[str] = []
+        models: list[str | None] = []
+        values: list[RowValues] = []
+        gpu_rows: list[list[int]] = []
+        rows = _ROWS
+        if len(rows) > _ROWS_SIZE:
+            rows.clear()
+        for n, pods in zip(nodes, bound, strict=True):
+            if len(pods) > 1:
+                pods.sort(key=_KEY)  # pods bound to a node are accounted in key order
+            row = rows.get(n.name)
+            if row is None or row[0] is not n or row[1] != width or row[2] != pods:
+                v, gpus = occupied_row(n.allocatable, width, [p.request for p in pods])
+                row = rows[n.name] = (n, width, pods, v, gpus, n.gpu_model)
+            names.append(n.name)
+            values.append(row[3])
+            gpu_rows.append(row[4])
+            models.append(row[5])
+        state = ClusterState.from_rows(names, models, values, gpu_rows, width)  # == ClusterState.occupied(...)
         self._scorer_ready = False
-        if any(p.gang for p in self.snapshot.pods if p.pending):
+        if gangs:
             self._prepare_scorer(state)  # gang trials change the state before the first placement
         return state
 
@@ -97,6 +128,8 @@ class ExistingNodes:
     def _prepare_scorer(self, state: ClusterState) -> None:
         """Give the scorer the cluster and the expected workload (all pending and running pods' requests)."""
         scoring_requests = [p.request for p in self.snapshot.pods if p.phase in ("Pending", "Running")]
+        if self.scorer is None:
+            self.scorer = make_scorer(self._scorer_name)
         self.scorer.prepare(state, Workload.from_requests(scoring_requests) if scoring_requests else None)
         self._scorer_ready = True
 
@@ -119,6 +152,7 @@ class ExistingNodes:
                 else:
                     if not self._scorer_ready:  # prepared on first use: most plans place nothing on existing nodes
                         self._prepare_scorer(ctx.state)
+                    assert self.scorer is not None
                     got = select(self.scorer, ctx.state, pod.request, cand)
                     assert got is not None
                     i = got
