@@ -14,7 +14,7 @@ from gpuscale.core.model import Node, Pod, Snapshot
 from gpuscale.core.planner import existing
 from gpuscale.core.planner.existing import ExistingNodes
 from gpuscale.core.resources import Request, Resources
-from gpuscale.core.state import ClusterState
+from gpuscale.core.state import ClusterState, RowArena, occupied_row
 
 _REQ = st.one_of(
     st.builds(Request, st.integers(0, 9000), st.integers(0, 9000)),
@@ -63,15 +63,18 @@ def _assert_same(a: ClusterState, b: ClusterState) -> None:
         vb = b.__dict__[key]
         if isinstance(va, np.ndarray):
             assert va.dtype == vb.dtype and va.shape == vb.shape and (va == vb).all(), key
-            assert va.flags.c_contiguous, key
+            assert va.flags.c_contiguous and vb.flags.c_contiguous, key
         else:
             assert va == vb, key
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(_STEP, min_size=1, max_size=8))
-def test_reused_rows_give_the_state_built_afresh(steps: list[tuple[list[Node], list[Pod], int, int]]) -> None:
+@given(st.lists(_STEP, min_size=1, max_size=8), st.sampled_from([3, 8192]))
+def test_reused_rows_give_the_state_built_afresh(
+    steps: list[tuple[list[Node], list[Pod], int, int]], size: int
+) -> None:
     existing._ROWS.clear()
+    existing._ROWS_SIZE = size  # 3: the rows are forgotten again and again
     nodes: dict[str, Node] = {}
     pods: dict[str, Pod] = {}
     for new_nodes, new_pods, drop_nodes, drop_pods in steps:
@@ -87,6 +90,26 @@ def test_reused_rows_give_the_state_built_afresh(steps: list[tuple[list[Node], l
         if len(state):
             state.occupy(Request(100, 100, 1), 0)  # the arrays are the state's own: the rows kept do not change
         _assert_same(_fresh(snapshot), ExistingNodes(snapshot, "best-fit").initial_state())
+    existing._ROWS_SIZE = 8192
+
+
+def test_the_arena_grows_and_gathers_any_rows_in_any_order() -> None:
+    arena = RowArena(2, capacity=1)
+    rows = [
+        occupied_row(Resources(1000 * i, 500, g, 8), 2, [Request(100, 100, 0, 300)] * i)
+        for i, g in enumerate((0, 1, 2))
+    ]
+    slots = [arena.add(v, gpus, "T4" if v[2] else None) for v, gpus in rows]
+    for order in ([2, 0, 1], [1, 1], []):
+        got = arena.state([f"n{i}" for i in order], [slots[i] for i in order])
+        want = ClusterState.from_rows(
+            [f"n{i}" for i in order],
+            ["T4" if rows[i][0][2] else None for i in order],
+            [rows[i][0] for i in order],
+            [rows[i][1] for i in order],
+            2,
+        )
+        _assert_same(want, got)
 
 
 def test_a_row_is_rebuilt_when_the_gpu_columns_widen() -> None:

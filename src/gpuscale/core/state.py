@@ -342,6 +342,59 @@ def occupied_row(cap: Resources, width: int, reqs: Sequence[Request]) -> tuple[R
     return (cpu, mem, g, pods, max(0, cpu - cm), max(0, mem - mm), max(0, pods - len(reqs)), full, top), row
 
 
+class RowArena:
+    """Rows of :meth:`ClusterState.from_rows`, each stored once (all ``width`` GPU columns wide) in growing arrays:
+    the state of any list of stored rows is gathered with one indexing per array (a planner builds states again and
+    again from mostly the same rows). Rows are only added; a caller drops the arena to forget them."""
+
+    __slots__ = ("_gpus", "_models", "_values", "size", "width")
+
+    def __init__(self, width: int, capacity: int = 64) -> None:
+        self.width = width
+        self.size = 0
+        self._values: IntArray = np.empty((9, capacity), dtype=np.int64)
+        """One column per row: the row's :data:`RowValues`."""
+        self._gpus: IntArray = np.empty((capacity, width), dtype=np.int64)
+        self._models: list[str | None] = []
+
+    def add(self, values: RowValues, gpu_row: list[int], model: str | None) -> int:
+        """Store a row (``gpu_row``: ``width`` values); its slot."""
+        i = self.size
+        if i == self._gpus.shape[0]:
+            self._values = np.concatenate([self._values, np.empty_like(self._values)], axis=1)
+            self._gpus = np.concatenate([self._gpus, np.empty_like(self._gpus)])
+        self._values[:, i] = values
+        self._gpus[i] = gpu_row
+        self._models.append(model)
+        self.size = i + 1
+        return i
+
+    def state(self, names: list[str], slots: Sequence[int]) -> ClusterState:
+        """The state whose rows are the stored ``slots`` in order, named ``names``: the same as
+        :meth:`ClusterState.from_rows` of those rows."""
+        new = object.__new__(ClusterState)
+        idx = np.fromiter(slots, dtype=np.intp, count=len(slots))
+        stored = self._models
+        models = [stored[i] for i in slots]
+        new.names = names
+        new.models = sorted(set(models), key=lambda m: (m is None, m or ""))
+        model_index = {m: i for i, m in enumerate(new.models)}
+        new.model_idx = np.fromiter([model_index[m] for m in models], dtype=np.int64, count=len(models))
+        (
+            new.cpu_cap,
+            new.mem_cap,
+            new.gpu_cap,
+            new.pods_cap,
+            new.cpu_free,
+            new.mem_free,
+            new.pods_free,
+            new.full_free,
+            new.max_free,
+        ) = np.take(self._values, idx, axis=1)  # one fresh C-ordered (9, rows) array: each a contiguous row of it
+        new.gpu_free = self._gpus[idx]
+        return new
+
+
 _FRESH_ROWS: dict[tuple[int, int, int, tuple[int, ...]], tuple[list[int], int, int]] = {}
 """Per-GPU free values of a fully free node row after :meth:`ClusterState.occupy_all`, by (GPUs, row width, whole
 GPUs taken, fractions in order): the same requests on the same size of node always land the same way."""

@@ -14,19 +14,31 @@ from gpuscale.core.planner.classes import PodClass, referenced_keys
 from gpuscale.core.planner.context import Context
 from gpuscale.core.predicates import static_failure
 from gpuscale.core.scoring import SCORERS, Scorer, Workload, make_scorer, select
-from gpuscale.core.state import ClusterState, IntArray, RowValues, occupied_row
+from gpuscale.core.state import ClusterState, IntArray, RowArena, occupied_row
 
 _KEY = attrgetter("key")
 _BOUND = ("Pending", "Running")
 """Phases of a pod bound to a node that take its room."""
 
-_ROWS: dict[str, tuple[Node, int, list[Pod], RowValues, list[int], str | None]] = {}
-"""Per node name, the row the last plan that saw the node built for it: (node, GPU columns, the pods bound to it in key
-order, :func:`~gpuscale.core.state.occupied_row`'s values and GPU row, GPU model). A row depends on nothing else (the
-node's allocatable and GPU model, the pods' requests), so it is reused while the node is the same object and the width
-and pods are equal (a controller plans again and again with most nodes and their pods the same objects); an entry is
-replaced when any of them differs, and the table starts afresh past ``_ROWS_SIZE`` names."""
-_ROWS_SIZE = 4096
+_Row = tuple[Node, int, list[Pod]]
+
+_ROWS: dict[int, tuple[RowArena, dict[str, _Row]]] = {}
+"""Per GPU width, the rows the plans of that width built, in a :class:`~gpuscale.core.state.RowArena`, and per node
+name the last one: (node, its slot, the pods bound to it in key order). A row depends on nothing else (the node's
+allocatable and GPU model, the pods' requests, the width), so it is reused while the node is the same object and its
+pods are equal (a controller plans again and again with most nodes and their pods the same objects); a node whose
+row differs gets a new slot. Everything is forgotten once ``_ROWS_SIZE`` rows are stored."""
+_ROWS_SIZE = 8192
+
+
+def _rows_table(width: int) -> tuple[RowArena, dict[str, _Row]]:
+    """The arena and rows by node name of ``width`` (see ``_ROWS``)."""
+    got = _ROWS.get(width)
+    if got is None or got[0].size >= _ROWS_SIZE:
+        if sum(a.size for a, _ in _ROWS.values()) >= _ROWS_SIZE:
+            _ROWS.clear()
+        got = _ROWS[width] = (RowArena(width), {})
+    return got
 
 
 class ExistingNodes:
@@ -67,25 +79,17 @@ class ExistingNodes:
             elif p.gang and p.node_name is None and p.phase == "Pending":
                 gangs = True
         width = max([*(n.allocatable.gpus for n in nodes), 1])
-        names: list[str] = []
-        models: list[str | None] = []
-        values: list[RowValues] = []
-        gpu_rows: list[list[int]] = []
-        rows = _ROWS
-        if len(rows) > _ROWS_SIZE:
-            rows.clear()
+        arena, rows = _rows_table(width)
+        slots: list[int] = []
         for n, pods in zip(nodes, bound, strict=True):
             if len(pods) > 1:
                 pods.sort(key=_KEY)  # pods bound to a node are accounted in key order
             row = rows.get(n.name)
-            if row is None or row[0] is not n or row[1] != width or row[2] != pods:
+            if row is None or row[0] is not n or row[2] != pods:
                 v, gpus = occupied_row(n.allocatable, width, [p.request for p in pods])
-                row = rows[n.name] = (n, width, pods, v, gpus, n.gpu_model)
-            names.append(n.name)
-            values.append(row[3])
-            gpu_rows.append(row[4])
-            models.append(row[5])
-        state = ClusterState.from_rows(names, models, values, gpu_rows, width)  # == ClusterState.occupied(...)
+                row = rows[n.name] = (n, arena.add(v, gpus, n.gpu_model), pods)
+            slots.append(row[1])
+        state = arena.state([n.name for n in nodes], slots)  # == ClusterState.occupied(...) of these rows
         self._scorer_ready = False
         if gangs:
             self._prepare_scorer(state)  # gang trials change the state before the first placement
