@@ -132,6 +132,11 @@ def populate(server: KubeAPIServer, nodes: int, pods: int) -> None:
         server.patch("pods", name, {"status": {"phase": "Running"}}, namespace="apps", status=True)
 
 
+def created_at(server: KubeAPIServer, key: tuple[str, str, str]) -> float:
+    """When the emulator stored the object ``key`` (plural, namespace, name), read on its loop."""
+    return float(server.call(lambda: server.emulator.created_at[key]))
+
+
 def burst(server: KubeAPIServer, index: int, size: int) -> list[tuple[str, float]]:
     """Create ``size`` pending one-GPU pods; returns (name, creation time) pairs."""
     made = []
@@ -150,7 +155,7 @@ def burst(server: KubeAPIServer, index: int, size: int) -> list[tuple[str, float
             },
             namespace="ml",
         )
-        created = server.call(lambda n=name: server.emulator.created_at[("pods", "ml", n)])
+        created = created_at(server, ("pods", "ml", name))
         cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/N nodes fit"}
         server.patch("pods", name, {"status": {"conditions": [cond]}}, namespace="ml", status=True)
         made.append((name, created))

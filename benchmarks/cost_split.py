@@ -16,7 +16,7 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections import Counter
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +35,9 @@ class Split:
 
     def __init__(self) -> None:
         self.t = 0.0
-        self.usd: Counter[str] = Counter()
+        self.usd: defaultdict[str, float] = defaultdict(float)
         self.nodes: dict[str, list[Any]] = {}  # name -> [price, gpu, cpu, mem, used gpu, cpu, mem, pods, type]
-        self.lost: Counter[str] = Counter()
+        self.lost: defaultdict[str, float] = defaultdict(float)
         self.ages: list[float] = []
 
     def advance(self, now: float) -> None:
@@ -59,13 +59,23 @@ def _watch(split: Split) -> None:
     c = sim_cluster.SimCluster
     reg, bind, unbind, remove, repend = c.node_registered, c._bind, c._unbind, c._remove_node, c._repend
 
-    def node_registered(self: Any, node: Any, itype: Any, taints: Any, price: float, delay: Any) -> None:
+    def node_registered(self: Any, node: Any, itype: Any, taints: Any, hourly_price: float, gpu_delay: Any) -> None:
         new = node.node_name not in self._nodes
-        reg(self, node, itype, taints, price, delay)
+        reg(self, node, itype, taints, hourly_price, gpu_delay)
         if new:
             split.advance(self.engine.now())
             a = self._nodes[node.node_name].allocatable
-            split.nodes[node.node_name] = [price, itype.gpu_count * 1000, a.cpu_milli, a.memory_mib, 0, 0, 0, 0, itype]
+            split.nodes[node.node_name] = [
+                hourly_price,
+                itype.gpu_count * 1000,
+                a.cpu_milli,
+                a.memory_mib,
+                0,
+                0,
+                0,
+                0,
+                itype,
+            ]
 
     def change(sn: Any, req: Any, sign: int) -> None:
         n = split.nodes[sn.name]

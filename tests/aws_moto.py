@@ -41,6 +41,8 @@ QUEUE = "gpuscale-interruptions"
 ACCESS_KEY = "AKIAGPUSCALETESTKEY1"
 SECRET_KEY = "gpuscale/test/secret/key/that/must/never/leak"
 EC2_NS = "http://ec2.amazonaws.com/doc/2016-11-15/"
+Reply = tuple[int, list[tuple[str, str]], bytes]
+"""An HTTP answer: status, headers, body."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,7 @@ class FaultProxy:
         return [r.params for r in self.requests if r.action == action]
 
     # --- request handling ----------------------------------------------------------------------------------------
-    def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, list, bytes]:
+    def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Reply:
         target = headers.get("X-Amz-Target") or headers.get("x-amz-target") or ""
         if target:  # JSON protocol (SQS, SSM)
             action = target.rsplit(".", 1)[-1]
@@ -133,7 +135,7 @@ class FaultProxy:
             return self._create_fleet(path, headers, body)
         return self._forward(method, path, headers, body)
 
-    def _forward(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, list, bytes]:
+    def _forward(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Reply:
         conn = http.client.HTTPConnection(*self.upstream, timeout=30)
         try:
             fwd = {k: v for k, v in headers.items() if k.lower() not in ("content-length", "connection")}
@@ -154,7 +156,7 @@ class FaultProxy:
         errors = self.fleet_errors
         return errors.get((instance_type, zone)) or errors.get((instance_type, None)) or errors.get(("*", None))
 
-    def _create_fleet(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, list, bytes]:
+    def _create_fleet(self, path: str, headers: dict[str, str], body: bytes) -> Reply:
         form = urllib.parse.parse_qsl(body.decode(), keep_blank_values=True)
         prefix = "LaunchTemplateConfigs.1.Overrides."
         overrides: dict[str, dict[str, str]] = {}
@@ -278,7 +280,7 @@ def seed_public_parameter(name: str, value: str) -> None:
     if params.get(name):
         return
     params[name].append(
-        Parameter(
+        Parameter(  # type: ignore[abstract]  # moto marks CloudFormationModel methods @abstractmethod without ABCMeta
             account_id=ACCOUNT,
             name=name,
             value=value,

@@ -162,9 +162,10 @@ def test_memo_decides_exactly_as_a_pass_without_it(seed: int) -> None:
     memo = PassMemo()
     for _ in range(80):
         assert walk.plan(memo) == walk.plan(None)
-        live = {p.node_name: [] for p in walk.pods}
+        live: dict[str, list[Pod]] = {}
         for p in walk.pods:
-            live[p.node_name].append(p)
+            if p.node_name is not None:
+                live.setdefault(p.node_name, []).append(p)
         dest = [n for n in walk.nodes.values() if not n.unschedulable and n.name not in walk.disrupting]
         rows, _, total = rows_of(dest, live, None)
         assert memo.total == total and memo.rows.keys() == rows.keys()  # the incremental total is the recomputed one
@@ -244,7 +245,7 @@ def test_pass_inputs_are_equal_only_when_every_part_is() -> None:
 
     nodes = [_node("a", "g1", POOL), _node("b", "g4", POOL)]
     pods = [_pod("x", "a", gpus=1), _pod("y", None)]
-    small = (frozenset({"a"}), frozenset(), frozenset(), frozenset(), None)
+    small: tuple[object, ...] = (frozenset({"a"}), frozenset(), frozenset(), frozenset(), None)
     same = PassInputs(small, nodes, pods)
     assert same == PassInputs(small, list(reversed(nodes)), [pods[1], replace(pods[0])])
     assert same == PassInputs(small, nodes, [pods[0]])  # a pending pod is not part of it

@@ -28,7 +28,9 @@ def _reference(nodes: list[Node], by_node: dict[str, list[Pod]]) -> ClusterState
     return st
 
 
-def _reference_fit(st: ClusterState, nodes: list[Node], usable: list[bool], pods: list[Pod], exclude: int) -> tuple:
+def _reference_fit(
+    st: ClusterState, nodes: list[Node], usable: list[bool], pods: list[Pod], exclude: int
+) -> tuple[ClusterState, list[str], set[int]]:
     """What the pass did with ClusterState: numpy fits, static predicates, best-fit score, place."""
     st = st.copy()
     mask = np.array(usable, dtype=bool)

@@ -4,6 +4,8 @@ uncached reference, and the nodes a budget held back go one after the other with
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpuscale.controller.consolidation import ConsolidationGate
 from gpuscale.controller.loop import Controller, EventKind
 from gpuscale.sim.cloud import SimCloud
@@ -34,7 +36,7 @@ def test_a_budget_rest_ends_when_the_disruption_its_pass_started_is_gone() -> No
 
 def test_started_lifts_only_budget_rests_once_a_started_disruption_ended() -> None:
     gate = ConsolidationGate({"gpu": _pool("1", 60.0)}, CONFIG)
-    args = ({}, {}, [], False, {}, frozenset(), 1.0, lambda _: None)
+    args: tuple[Any, ...] = ({}, {}, [], False, {}, frozenset(), 1.0, lambda _: None)
     gate.select({"budget", "other"}, set(), *args)
     gate.rest("budget", frozenset(), 0.0, timed=True)
     gate.rest("other", frozenset(), 0.0)

@@ -59,7 +59,7 @@ def _fake(clock: ManualClock, **kw: float) -> FakeGcpAPI:
 
 def _provider(fake: FakeGcpAPI, clock: ManualClock, credentials: object = None, **kw: object) -> GcpProvider:
     config = GcpConfig("proj-1", "us-central1", "gpu-c", ZONES, api_endpoint=fake.endpoint, timeout_s=5.0, **kw)  # type: ignore[arg-type]
-    return GcpProvider(config, credentials=credentials or AnonymousCredentials(), clock=clock)
+    return GcpProvider(config, credentials=credentials or AnonymousCredentials(), clock=clock)  # type: ignore[no-untyped-call]  # google-auth leaves __init__ unannotated
 
 
 def _req(
@@ -295,7 +295,7 @@ def test_errors_map_to_the_tree_and_are_not_retried(
 def test_no_credential_in_errors_or_logs(env: tuple[FakeGcpAPI, ManualClock], caplog: pytest.LogCaptureFixture) -> None:
     fake, clock = env
     secret = "ya29.very-secret-access-token"
-    p = _provider(fake, clock, credentials=Credentials(token=secret))
+    p = _provider(fake, clock, credentials=Credentials(token=secret))  # type: ignore[no-untyped-call]  # google-auth: unannotated __init__
     caplog.set_level(logging.DEBUG)
     fake.fail_next(403, reason="forbidden", message="caller lacks container.nodePools.list")
     with pytest.raises(AuthenticationError) as info:

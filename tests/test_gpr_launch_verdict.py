@@ -116,7 +116,10 @@ def test_a_used_request_id_fails_a_gpr_attempt_like_any_invalid_request() -> Non
     assert verdict.actions == (FailAttempt("request_id: already used"),)
 
 
-@pytest.mark.parametrize("cls", sorted(ERRORS, key=lambda c: c.__name__), ids=lambda c: c.__name__)
+ERROR_CLASSES = sorted(ERRORS, key=lambda c: c.__name__)
+
+
+@pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("attempts", [0, 1, 3, 4, 9])
 def test_both_verdicts_read_the_policy_alike(cls: type[ProviderError], attempts: int) -> None:
     """The pod claim's verdict and the GPR's agree on what the error means: retry (and when), or not."""
@@ -147,7 +150,7 @@ def test_both_verdicts_read_the_policy_alike(cls: type[ProviderError], attempts:
         assert gpr_retry[0].at == NOW + min(RULES.max_backoff_s, reading.delay_s * 2**attempts)
     delay = next_try_in(exc, attempts + 1, RULES)
     assert (delay is None) == (not gpr_retry)
-    if gpr_retry:
+    if delay is not None:
         assert gpr_retry[0].at == NOW + delay
 
 

@@ -152,6 +152,7 @@ def test_dynamic_scale_up_lifecycle_deletes_nodes_by_id(tmp_path: Path) -> None:
     r = m.reconcile()
     assert m.get(g.gpr_id).state is GprState.COMPLETE
     assert sorted(r.deleted) == ["1", "2"] and cloud.nodes == {}
+    assert isinstance(m.store, GprStore)  # the SQLite store, which also keeps the transition events
     assert [e.trigger for e in m.store.events(g.gpr_id)] == [Trigger.ADMIT, Trigger.NODES_READY, Trigger.EXIT_DURATION]
     assert m.store.journal(pending_only=True) == []
 

@@ -63,7 +63,7 @@ def core_accepts(spec: dict[str, Any]) -> bool:
 
 
 def crd_accepts(spec: dict[str, Any]) -> bool:
-    return CRD_SPEC.is_valid(spec)
+    return bool(CRD_SPEC.is_valid(spec))
 
 
 def model_accepts(spec: dict[str, Any]) -> bool:

@@ -225,7 +225,7 @@ def test_simulated_linode_node_is_matched_by_provider_id_and_removed(server: Kub
         fake.clock = clock
         cid = fake.create_cluster(region="us-ord")
         config = LinodeConfig(cluster_id=cid, region="us-ord", base_url=fake.base_url, timeout_s=5.0)
-        holder: dict[str, Any] = {}
+        holder: dict[str, ProviderIdMatcher] = {}
 
         def provider() -> ProviderIdMatcher:
             linode = LinodeProvider(config, env={"LINODE_TOKEN": fake.token}, clock=clock)

@@ -95,7 +95,10 @@ def test_patch_types_and_status_subresource(http: httpx.Client) -> None:
 def test_label_and_field_selectors(http: httpx.Client) -> None:
     for name, tier in (("sel-a", "gpu"), ("sel-b", "cpu"), ("sel-c", "gpu")):
         http.post("/api/v1/namespaces/sel/pods", json=_pod(name, tier=tier))
-    names = lambda r: sorted(i["metadata"]["name"] for i in r.json()["items"])  # noqa: E731
+
+    def names(r: httpx.Response) -> list[str]:
+        return sorted(i["metadata"]["name"] for i in r.json()["items"])
+
     assert names(http.get("/api/v1/namespaces/sel/pods", params={"labelSelector": "tier=gpu"})) == ["sel-a", "sel-c"]
     assert names(http.get("/api/v1/namespaces/sel/pods", params={"labelSelector": "tier notin (gpu)"})) == ["sel-b"]
     got = http.get("/api/v1/pods", params={"fieldSelector": "metadata.namespace=sel,metadata.name!=sel-a"})

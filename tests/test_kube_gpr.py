@@ -175,7 +175,7 @@ def test_a_restart_with_an_intent_in_doubt_redoes_it_once(world: World, server: 
     manager = world.proc.gpr_manager
     assert manager is not None
 
-    def killed(*_: object) -> None:
+    def killed(*_: object, **__: object) -> None:
         raise KeyboardInterrupt("the process dies between persisting the plan and launching")
 
     manager._launch = killed  # type: ignore[method-assign]

@@ -59,6 +59,7 @@ def test_launches_return_at_once_and_their_nodes_are_created_concurrently_within
         assert peak == 3  # concurrent, never more than parallel_creates
         assert list(provider.poll_errors()) == []
         node = server.get("nodes", launched[5].node_id)
+        assert node is not None
         assert node["metadata"]["annotations"][LAUNCHED_FOR_ANNOTATION] == "ml/p5"
         again = provider.launch(_request("r5", ("ml/p5",)))  # same request id: the same node, no second create
         assert [n.node_id for n in again] == [launched[5].node_id]
@@ -89,7 +90,9 @@ def test_a_long_pod_list_is_cut_at_a_pod_boundary(server: KubeAPIServer) -> None
     try:
         [node] = provider.launch(_request("many", pods))
         provider.settle()
-        text = server.get("nodes", node.node_id)["metadata"]["annotations"][LAUNCHED_FOR_ANNOTATION]
+        stored = server.get("nodes", node.node_id)
+        assert stored is not None
+        text = stored["metadata"]["annotations"][LAUNCHED_FOR_ANNOTATION]
         assert len(text) <= 1024
         assert text.split(",") == list(pods[: len(text.split(","))])
     finally:

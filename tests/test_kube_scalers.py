@@ -13,8 +13,8 @@ import pytest
 from gpuscale.errors import MetricsUnavailable, NoData
 from gpuscale.fakes.kube_api import KubeAPIServer
 from gpuscale.kube.command import ControllerProcess
-from kube_harness import client_for
-from test_kube_scalers_e2e import CATALOG, CONFIG, POOL, World, deployment, scaler
+from kube_harness import CONFIG, client_for
+from test_kube_scalers_e2e import CATALOG, POOL, World, deployment, scaler
 
 pytest.importorskip("lightkube")
 

@@ -169,7 +169,8 @@ def test_the_next_plan_skips_every_offering_the_error_named() -> None:
 def test_a_partly_failed_fleet_launches_and_marks_the_zone_it_named(aws: MotoAws, world: World) -> None:
     aws.proxy.fleet_errors[("g5.xlarge", "us-east-1a")] = ("InsufficientInstanceCapacity", "none in 1a")
     av = Availability()
-    launcher = Launcher(provider(aws, world), av, RULES, [].append)
+    notes: list[Note] = []
+    launcher = Launcher(provider(aws, world), av, RULES, notes.append)
     claims = ClaimTable()
     claims["r1"] = new_claim("r1", "gpu", "g5.xlarge", REGION, OD, 0.0)
     out = launcher.launch("r1", LaunchRequest("r1", "gpu", "g5.xlarge", REGION, OD), claims, None, 5.0)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -263,7 +264,7 @@ _NOT_METRICS = frozenset(
 )
 
 
-def _panels(dashboard: dict) -> Iterator[dict]:
+def _panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
     for panel in dashboard["panels"]:
         yield panel
         yield from panel.get("panels", ())

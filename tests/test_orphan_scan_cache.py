@@ -32,6 +32,7 @@ def test_orphan_scan_is_redone_when_the_claims_or_the_listing_change() -> None:
     # the same claims, a new listing with a Node whose request id no claim has: scanned again
     node = nodes[cloud.node_name]
     stray = replace(node, name="stray", labels={**node.labels, REQUEST_ID_LABEL: "unknown"})
+    assert isinstance(obs.nodes_list, tuple)  # the kept listing (only a tuple is kept)
     obs.nodes_list = (*obs.nodes_list, stray)
     ctrl._collect_orphans(World(now, [], {**nodes, "stray": stray}, [], [], [], {}))
     assert ctrl.deletions.orphan_since == {"stray": now}

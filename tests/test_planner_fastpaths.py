@@ -14,7 +14,7 @@ from builders import itype, node, pod, pool
 from gpuscale.core.model import Catalog, Snapshot
 from gpuscale.core.plan import PlannerConfig, ScaleUpPlan
 from gpuscale.core.planner import driver, existing, milp, packer
-from gpuscale.core.scoring import base, fillfrag
+from gpuscale.core.scoring import base, fillfrag, make_scorer, select
 from gpuscale.core.scoring.fillfrag import FillFrag
 from test_planner_properties import snapshots
 
@@ -37,7 +37,7 @@ def _slow(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(existing, "make_scorer", lambda name: _AlwaysAsked() if name == "fill-frag" else _make(name))
 
 
-_make = existing.make_scorer
+_make = make_scorer
 
 
 def _plans(s: Snapshot) -> list[ScaleUpPlan]:
@@ -74,7 +74,7 @@ def test_one_candidate_node_is_taken_without_scoring(free_nodes: int, monkeypatc
     """One node left that fits: the pod goes there and the scorer is neither prepared nor asked; several: it is."""
     s = _cluster(free_nodes)
     asked: list[int] = []
-    real_select = existing.select
+    real_select = select
 
     def counting(scorer, state, req, cand):  # type: ignore[no-untyped-def]
         asked.append(int(cand.size))

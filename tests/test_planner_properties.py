@@ -120,13 +120,13 @@ def check_plan(s: Snapshot, cfg: PlannerConfig) -> float:
             for k in keys:
                 assert static_failure(pods[k], labels, o.taints) is None
                 st_.place(pods[k].request, 0)
-    for p in s.pools:
-        if p.max_nodes is not None:
-            existing = sum(1 for n in s.nodes if n.pool == p.name)
-            assert pool_nodes[p.name] <= max(p.max_nodes, existing)
-        if p.limits.gpus is not None:
-            existing_gpus = sum(n.allocatable.gpus for n in s.nodes if n.pool == p.name)
-            assert pool_gpus[p.name] + existing_gpus <= max(p.limits.gpus, existing_gpus)
+    for pl in s.pools:
+        if pl.max_nodes is not None:
+            existing = sum(1 for n in s.nodes if n.pool == pl.name)
+            assert pool_nodes[pl.name] <= max(pl.max_nodes, existing)
+        if pl.limits.gpus is not None:
+            existing_gpus = sum(n.allocatable.gpus for n in s.nodes if n.pool == pl.name)
+            assert pool_gpus[pl.name] + existing_gpus <= max(pl.limits.gpus, existing_gpus)
     # lower bound: on each resource dimension, every new-node pod costs at least its cheapest share
     opts = build_options(s, 0)
     bounds = [0.0, 0.0, 0.0]

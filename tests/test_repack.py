@@ -4,6 +4,7 @@ flight offered as destinations with the room their own pods take, and the settin
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -41,7 +42,9 @@ from gpuscale.sim.scenario import parse_scenario
 H = 3600.0
 
 
-def _act(node_name: str, reason: DisruptionReason, pods: tuple[str, ...], kind: ActionKind = ActionKind.DELETE):
+def _act(
+    node_name: str, reason: DisruptionReason, pods: tuple[str, ...], kind: ActionKind = ActionKind.DELETE
+) -> DisruptionAction:
     return DisruptionAction(kind, node_name, "gpu", reason, "m", pods, (), 1.0)
 
 
@@ -131,7 +134,7 @@ def test_a_young_underutilized_node_goes_onto_the_room_a_node_in_flight_has_left
     moved = pod("m", gpus=1, node="frag")
     waiting = pod("w", gpus=2)
     pools, cat = [_pool()], Catalog("none", ())
-    args = {"since": {"frag": 0.0}, "candidates": {"frag"}}
+    args: dict[str, Any] = {"since": {"frag": 0.0}, "candidates": {"frag"}}
     plain = plan_disruption([frag, flying], [moved, waiting], pools, cat, 100.0, **args)
     assert plain.actions == ()  # without repack the node in flight is no destination
     flight = {"flying": InFlight(Resources(16000, 65536, 4), ("default/w",))}
@@ -353,7 +356,7 @@ def test_cordoned_empty_nodes_take_no_underutilized_pod() -> None:
     idle = replace(node("idle", 16000, 65536, 4, "T4", pool="gpu"), hourly_cost=4.0)
     p = pod("p", gpus=1, node="half")
     pools, cat = [_pool()], Catalog("none", ())
-    args = {"since": {"half": 0.0}, "candidates": {"half"}, "allow_replace": False}
+    args: dict[str, Any] = {"since": {"half": 0.0}, "candidates": {"half"}, "allow_replace": False}
     plain = plan_disruption([half, idle], [p], pools, cat, 100.0, **args)
     assert [(a.node, a.kind) for a in plain.actions] == [("half", ActionKind.DELETE)]
     empties = empty_nodes([half, idle], [p], ())

@@ -143,7 +143,7 @@ def test_observation_recognises_only_the_same_immutable_lists() -> None:
 # ------------------------------------------------------------------------------------------ Replacements, Reports
 def test_replacements_and_reports() -> None:
     reps = Replacements()
-    action = DisruptionAction(ActionKind.REPLACE, "old", "gpu", DisruptionReason.UNDERUTILIZED, 1.0, "m")
+    action = DisruptionAction(ActionKind.REPLACE, "old", "gpu", DisruptionReason.UNDERUTILIZED, "m")
     reps.start("old", ("r1", "r2"), action)
     assert reps.progress() == {"old": (("r1", "r2"), str(DisruptionReason.UNDERUTILIZED))}
     reps.drop("old")

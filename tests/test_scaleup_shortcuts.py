@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gpuscale.controller import scaleup
+from gpuscale.core.reconcile.scaleup import Gate, gate_scale_up
 from gpuscale.sim.commands import simulate_policy
 from gpuscale.sim.scenario import load_scenario
 from test_planner_fastpaths import _slow
@@ -46,7 +47,7 @@ def test_runs_with_and_without_the_scale_up_shortcuts_are_identical(
     scenario: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gates: list[object] = []
-    real_gate = scaleup.gate_scale_up
+    real_gate = gate_scale_up
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         verdict = real_gate(*args, **kwargs)
@@ -56,7 +57,7 @@ def test_runs_with_and_without_the_scale_up_shortcuts_are_identical(
     monkeypatch.setattr(scaleup, "gate_scale_up", counting)
     fast = _run(scenario)
     rounds, asked = len(fast[2]), len(gates)
-    assert scaleup.Gate.EMPTY in gates and asked < rounds - 100  # the EMPTY shortcut was taken, many times
+    assert Gate.EMPTY in gates and asked < rounds - 100  # the EMPTY shortcut was taken, many times
     with pytest.MonkeyPatch.context() as mp:
         _slow(mp)
         mp.setattr(scaleup.ScaleUpSteps, "_still_empty", property(lambda self: None, lambda self, value: None))
