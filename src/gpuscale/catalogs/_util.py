@@ -1,5 +1,5 @@
-"""Shared helpers of the catalog loaders: reading CSV files, parsing numbers, sorting (the price files are found by
-:func:`gpuscale.resources.prices_dir`)."""
+"""Shared helpers of the catalog loaders: reading CSV files and a region's rows, parsing numbers, building offerings,
+instance types and skip warnings, sorting (the price files are found by :func:`gpuscale.resources.prices_dir`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import difflib
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from gpuscale.core.model import Catalog, InstanceType
+from gpuscale.catalogs.regions import require_region
+from gpuscale.core.gpus import normalize_gpu_model
+from gpuscale.core.model import CapacityType, Catalog, InstanceType, Offering
 from gpuscale.errors import InputError
 from gpuscale.resources import DATA_DIR_ENV as DATA_DIR_ENV  # re-exported for the loaders
 from gpuscale.resources import prices_dir as prices_dir
@@ -21,8 +23,11 @@ MIB_PER_GIB = 1024
 
 _REGION = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 
+Rows = list[tuple[int, dict[str, str]]]
+"""A CSV file's rows, each with its 1-based line number."""
 
-def read_csv(path: Path, required: Iterable[str]) -> list[tuple[int, dict[str, str]]]:
+
+def read_csv(path: Path, required: Iterable[str]) -> Rows:
     """Rows of a CSV file with a header, each with its 1-based line number. Checks the required columns exist."""
     if not path.is_file():
         raise InputError("catalog data file not found", where=str(path), fix=f"check {DATA_DIR_ENV}")
@@ -37,6 +42,29 @@ def read_csv(path: Path, required: Iterable[str]) -> list[tuple[int, dict[str, s
                 fix="use the unmodified file from the shared data directory",
             )
         return [(reader.line_num, {k: (v or "").strip() for k, v in row.items() if k}) for row in reader]
+
+
+def listed_regions(file_name: str, columns: Iterable[str], region_column: str, data_dir: Path | None) -> list[str]:
+    """The regions a price file lists (in its column ``region_column``), sorted."""
+    return sorted({row[region_column] for _, row in read_csv(prices_dir(data_dir) / file_name, columns)})
+
+
+def region_rows(
+    provider: str,
+    file_name: str,
+    columns: Iterable[str],
+    region_column: str,
+    region: str | None,
+    default: str,
+    data_dir: Path | None,
+) -> tuple[Path, str, Rows]:
+    """The price file's path, the region asked for (``default`` when None; checked: well formed and listed by the
+    file) and all the file's rows."""
+    path = prices_dir(data_dir) / file_name
+    rows = read_csv(path, columns)
+    region = check_region(provider, region or default)
+    require_region(provider, region, (r[region_column] for _, r in rows), default)
+    return path, region, rows
 
 
 def parse_price(text: str) -> float | None:
@@ -101,3 +129,58 @@ def sorted_catalog(name: str, types: Iterable[InstanceType], warnings: Iterable[
     ]
     out.sort(key=lambda it: (it.provider, it.region, it.name))
     return Catalog(name=name, instance_types=tuple(out), warnings=tuple(warnings))
+
+
+def zone_offerings(
+    rows: Iterable[tuple[int, dict[str, str]]],
+    prices: Iterable[tuple[str, CapacityType]],
+    zone_column: str,
+    region: str,
+) -> list[Offering]:
+    """One offering per row and priced capacity type (``prices``: price column, capacity type; a row with no usable
+    price in a column has no offering of that type), in the row's zone, else the region."""
+    prices = tuple(prices)
+    out: list[Offering] = []
+    for _, row in rows:
+        for col, cap in prices:
+            price = parse_price(row[col])
+            if price is not None:
+                out.append(Offering(zone=row[zone_column] or region, capacity_type=cap, hourly_price=price))
+    return out
+
+
+def gpu_instance_type(
+    name: str,
+    provider: str,
+    region: str,
+    *,
+    vcpus: int,
+    memory_mib: int,
+    gpu_count: int,
+    gpu_model: str,
+    gpu_memory_gb: float | None,
+    family: str,
+    offerings: Iterable[Offering],
+    arch: str = "amd64",
+) -> InstanceType:
+    """An instance type from a price file's row: the GPU model as listed (normalized, with its per-GPU memory in GB
+    where known, else 0 MiB)."""
+    return InstanceType(
+        name=name,
+        provider=provider,
+        vcpus=vcpus,
+        memory_mib=memory_mib,
+        gpu_count=gpu_count,
+        gpu_model=normalize_gpu_model(gpu_model, memory_gb=gpu_memory_gb),
+        gpu_memory_mib=gib_to_mib(gpu_memory_gb) if gpu_memory_gb else 0,
+        arch=arch,
+        family=family,
+        region=region,
+        offerings=tuple(offerings),
+    )
+
+
+def skipped_unknown(provider: str, name: str, path: Path, line: int, fields: Mapping[str, object]) -> str:
+    """The warning for a row skipped for the fields whose value is None (unparsable or missing)."""
+    unknown = ", ".join(col for col, val in fields.items() if val is None)
+    return f"{provider}: skipped {name} ({path.name}:{line}): unknown {unknown}"

@@ -15,17 +15,18 @@ from collections import defaultdict
 from pathlib import Path
 
 from gpuscale.catalogs._util import (
-    check_region,
+    Rows,
     gib_to_mib,
+    gpu_instance_type,
+    listed_regions,
     parse_positive_int,
-    parse_price,
-    prices_dir,
-    read_csv,
+    region_rows,
+    skipped_unknown,
     sorted_catalog,
+    zone_offerings,
 )
-from gpuscale.catalogs.regions import require_region
-from gpuscale.core.gpus import normalize_gpu_model, per_gpu_memory_gb
-from gpuscale.core.model import CapacityType, Catalog, InstanceType, Offering
+from gpuscale.core.gpus import per_gpu_memory_gb
+from gpuscale.core.model import CapacityType, Catalog, InstanceType
 
 PROVIDER = "alibaba"
 DEFAULT_REGION = "us-east-1"
@@ -45,6 +46,7 @@ _COLUMNS = (
     "Arch",
 )
 _ARCH = {"X86": "amd64", "X86_64": "amd64", "AMD64": "amd64", "ARM": "arm64", "ARM64": "arm64"}
+_PRICES = (("Price", CapacityType.ON_DEMAND), ("SpotPrice", CapacityType.SPOT))
 _GPU_INFO_MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*GB\s*$", re.IGNORECASE)
 
 
@@ -58,16 +60,13 @@ def _memory_gib(text: str) -> float | None:
 
 def regions(data_dir: Path | None = None) -> list[str]:
     """The regions the Alibaba price file lists."""
-    return sorted({row["Region"] for _, row in read_csv(prices_dir(data_dir) / FILE_NAME, _COLUMNS)})
+    return listed_regions(FILE_NAME, _COLUMNS, "Region", data_dir)
 
 
 def load(region: str | None = None, data_dir: Path | None = None) -> Catalog:
     """The Alibaba ECS GPU catalog for one ``region`` (default ``us-east-1``), with on-demand and spot offerings."""
-    path = prices_dir(data_dir) / FILE_NAME
-    rows = read_csv(path, _COLUMNS)
-    region = check_region(PROVIDER, region or DEFAULT_REGION)
-    require_region(PROVIDER, region, (r["Region"] for _, r in rows), DEFAULT_REGION)
-    by_type: dict[str, list[tuple[int, dict[str, str]]]] = defaultdict(list)
+    path, region, rows = region_rows(PROVIDER, FILE_NAME, _COLUMNS, "Region", region, DEFAULT_REGION, data_dir)
+    by_type: dict[str, Rows] = defaultdict(list)
     for line, row in rows:
         if row["Region"] == region:
             by_type[row["InstanceType"]].append((line, row))
@@ -81,37 +80,31 @@ def load(region: str | None = None, data_dir: Path | None = None) -> Catalog:
         arch = _ARCH.get(first["Arch"].upper())
         if count is None or vcpus is None or memory_gib is None or arch is None or not first["AcceleratorName"]:
             fields = {"AcceleratorCount": count, "vCPUs": vcpus, "MemoryGiB": memory_gib, "Arch": arch}
-            unknown = [col for col, val in fields.items() if val is None]
-            unknown += [] if first["AcceleratorName"] else ["AcceleratorName"]
-            warnings.append(f"{PROVIDER}: skipped {name} ({path.name}:{line}): unknown {', '.join(unknown)}")
+            warnings.append(
+                skipped_unknown(
+                    PROVIDER, name, path, line, {**fields, "AcceleratorName": first["AcceleratorName"] or None}
+                )
+            )
             continue
-        offerings: list[Offering] = []
-        for _, row in group:
-            for col, cap in (("Price", CapacityType.ON_DEMAND), ("SpotPrice", CapacityType.SPOT)):
-                price = parse_price(row[col])
-                if price is not None:
-                    offerings.append(
-                        Offering(zone=row["AvailabilityZone"] or region, capacity_type=cap, hourly_price=price)
-                    )
+        offerings = zone_offerings(group, _PRICES, "AvailabilityZone", region)
         if not offerings:
             warnings.append(f"{PROVIDER}: skipped {name} ({path.name}:{line}): unknown Price and SpotPrice")
             continue
         mem = _GPU_INFO_MEMORY.search(first["GpuInfo"])
         gpu_mem_gb = per_gpu_memory_gb(float(mem.group(1)), count, first["AcceleratorName"]) if mem else None
-        family = first["Generation"] or name.split("-", 1)[0]
         types.append(
-            InstanceType(
-                name=name,
-                provider=PROVIDER,
+            gpu_instance_type(
+                name,
+                PROVIDER,
+                region,
                 vcpus=vcpus,
                 memory_mib=gib_to_mib(memory_gib),
                 gpu_count=count,
-                gpu_model=normalize_gpu_model(first["AcceleratorName"], memory_gb=gpu_mem_gb),
-                gpu_memory_mib=gib_to_mib(gpu_mem_gb) if gpu_mem_gb else 0,
+                gpu_model=first["AcceleratorName"],
+                gpu_memory_gb=gpu_mem_gb,
+                family=first["Generation"] or name.split("-", 1)[0],
+                offerings=offerings,
                 arch=arch,
-                family=family,
-                region=region,
-                offerings=tuple(offerings),
             )
         )
     return sorted_catalog(f"{PROVIDER}:{region}", types, warnings)

@@ -20,15 +20,15 @@ from collections import defaultdict
 from pathlib import Path
 
 from gpuscale.catalogs._util import (
-    check_region,
     gib_to_mib,
+    gpu_instance_type,
+    listed_regions,
     parse_positive_int,
     parse_price,
-    prices_dir,
-    read_csv,
+    region_rows,
+    skipped_unknown,
     sorted_catalog,
 )
-from gpuscale.catalogs.regions import require_region
 from gpuscale.core.gpus import known_memory_gb, normalize_gpu_model, per_gpu_memory_gb
 from gpuscale.core.model import CapacityType, Catalog, InstanceType, Offering
 
@@ -58,15 +58,12 @@ def _gib(text: str) -> float | None:
 
 def regions(data_dir: Path | None = None) -> list[str]:
     """The regions (and Local/Wavelength Zones) the AWS price file lists."""
-    return sorted({row["region"] for _, row in read_csv(prices_dir(data_dir) / FILE_NAME, _COLUMNS)})
+    return listed_regions(FILE_NAME, _COLUMNS, "region", data_dir)
 
 
 def load(region: str | None = None, data_dir: Path | None = None) -> Catalog:
     """The AWS GPU catalog for one ``region`` (default ``us-east-1``)."""
-    path = prices_dir(data_dir) / FILE_NAME
-    rows = read_csv(path, _COLUMNS)
-    region = check_region(PROVIDER, region or DEFAULT_REGION)
-    require_region(PROVIDER, region, (r["region"] for _, r in rows), DEFAULT_REGION)
+    path, region, rows = region_rows(PROVIDER, FILE_NAME, _COLUMNS, "region", region, DEFAULT_REGION, data_dir)
     types: list[InstanceType] = []
     warnings: list[str] = []
     excluded: dict[str, list[str]] = defaultdict(list)
@@ -89,8 +86,7 @@ def load(region: str | None = None, data_dir: Path | None = None) -> Catalog:
         memory_gib = _gib(row["memory"])
         if price is None or vcpus is None or memory_gib is None:
             fields = {"on_demand_usd_hr": price, "vcpus": vcpus, "memory": memory_gib}
-            unknown = ", ".join(col for col, val in fields.items() if val is None)
-            warnings.append(f"{PROVIDER}: skipped {name} ({path.name}:{line}): unknown {unknown}")
+            warnings.append(skipped_unknown(PROVIDER, name, path, line, fields))
             continue
         listed = _gib(row["gpu_memory"])
         if listed is not None:
@@ -99,18 +95,18 @@ def load(region: str | None = None, data_dir: Path | None = None) -> Catalog:
             sizes = known_memory_gb(normalize_gpu_model(raw_model))
             gpu_mem_gb = float(sizes[0]) if len(sizes) == 1 else None
         types.append(
-            InstanceType(
-                name=name,
-                provider=PROVIDER,
+            gpu_instance_type(
+                name,
+                PROVIDER,
+                region,
                 vcpus=vcpus,
                 memory_mib=gib_to_mib(memory_gib),
                 gpu_count=count,
-                gpu_model=normalize_gpu_model(raw_model, memory_gb=gpu_mem_gb),
-                gpu_memory_mib=gib_to_mib(gpu_mem_gb) if gpu_mem_gb else 0,
-                arch=arch_of(name),
+                gpu_model=raw_model,
+                gpu_memory_gb=gpu_mem_gb,
                 family=family_of(name),
-                region=region,
                 offerings=(Offering(zone=region, capacity_type=CapacityType.ON_DEMAND, hourly_price=price),),
+                arch=arch_of(name),
             )
         )
     for accel, names in sorted(excluded.items()):

@@ -17,17 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuscale.catalogs._util import (
-    check_region,
+    Rows,
     gib_to_mib,
+    gpu_instance_type,
+    listed_regions,
     parse_positive_int,
     parse_price,
     prices_dir,
     read_csv,
+    region_rows,
     sorted_catalog,
+    zone_offerings,
 )
-from gpuscale.catalogs.regions import require_region
-from gpuscale.core.gpus import normalize_gpu_model
-from gpuscale.core.model import CapacityType, Catalog, InstanceType, Offering
+from gpuscale.core.model import CapacityType, Catalog, InstanceType
 
 PROVIDER = "gcp"
 DEFAULT_REGION = "us-central1"
@@ -43,6 +45,10 @@ _COLUMNS = (
     "zone",
     "price_on_demand_usd_per_hour",
     "price_spot_usd_per_hour",
+)
+_PRICES = (
+    ("price_on_demand_usd_per_hour", CapacityType.ON_DEMAND),
+    ("price_spot_usd_per_hour", CapacityType.SPOT),
 )
 ATTACHED_GPU_FAMILIES = ("n1",)
 """Machine families whose GPUs are attached (and named in the instance type) rather than built in."""
@@ -87,7 +93,7 @@ def _accelerator(machine_type: str, gpu_model: str) -> str | None:
 
 def regions(data_dir: Path | None = None) -> list[str]:
     """The regions the GCP price file lists."""
-    return sorted({row["region"] for _, row in read_csv(prices_dir(data_dir) / FILE_NAME, _COLUMNS)})
+    return listed_regions(FILE_NAME, _COLUMNS, "region", data_dir)
 
 
 def machine_specs(data_dir: Path | None = None) -> dict[str, MachineSpec]:
@@ -105,11 +111,8 @@ def machine_specs(data_dir: Path | None = None) -> dict[str, MachineSpec]:
 
 def load(region: str | None = None, data_dir: Path | None = None) -> Catalog:
     """The GCP GPU catalog for one ``region`` (default ``us-central1``), with on-demand and spot offerings per zone."""
-    path = prices_dir(data_dir) / FILE_NAME
-    rows = read_csv(path, _COLUMNS)
-    region = check_region(PROVIDER, region or DEFAULT_REGION)
-    require_region(PROVIDER, region, (r["region"] for _, r in rows), DEFAULT_REGION)
-    by_type: dict[str, list[tuple[int, dict[str, str]]]] = defaultdict(list)
+    path, region, rows = region_rows(PROVIDER, FILE_NAME, _COLUMNS, "region", region, DEFAULT_REGION, data_dir)
+    by_type: dict[str, Rows] = defaultdict(list)
     warnings: list[str] = []
     for line, row in rows:
         if row["region"] != region:
@@ -129,31 +132,22 @@ def load(region: str | None = None, data_dir: Path | None = None) -> Catalog:
         if vcpus is None or memory_gib is None or _accelerator(first["instance_type"], first["gpu_model"]) is None:
             warnings.append(f"{PROVIDER}: skipped {name} ({path.name}:{line}): unknown vcpus, memory or GPU")
             continue
-        offerings: list[Offering] = []
-        for _, row in group:
-            for col, cap in (
-                ("price_on_demand_usd_per_hour", CapacityType.ON_DEMAND),
-                ("price_spot_usd_per_hour", CapacityType.SPOT),
-            ):
-                price = parse_price(row[col])
-                if price is not None:
-                    offerings.append(Offering(zone=row["zone"] or region, capacity_type=cap, hourly_price=price))
+        offerings = zone_offerings(group, _PRICES, "zone", region)
         if not offerings:
             warnings.append(f"{PROVIDER}: skipped {name} ({path.name}:{line}): no price")
             continue
         types.append(
-            InstanceType(
-                name=name,
-                provider=PROVIDER,
+            gpu_instance_type(
+                name,
+                PROVIDER,
+                region,
                 vcpus=vcpus,
                 memory_mib=gib_to_mib(memory_gib),
                 gpu_count=count,
-                gpu_model=normalize_gpu_model(first["gpu_model"], memory_gb=gpu_mem),
-                gpu_memory_mib=gib_to_mib(gpu_mem) if gpu_mem else 0,
-                arch="amd64",
+                gpu_model=first["gpu_model"],
+                gpu_memory_gb=gpu_mem,
                 family=first["instance_type"].split("-", 1)[0],
-                region=region,
-                offerings=tuple(offerings),
+                offerings=offerings,
             )
         )
     return sorted_catalog(f"{PROVIDER}:{region}", types, warnings)

@@ -11,14 +11,14 @@ from pathlib import Path
 
 from gpuscale.catalogs._util import (
     check_region,
-    gib_to_mib,
+    gpu_instance_type,
     parse_positive_int,
     parse_price,
     prices_dir,
     read_csv,
+    skipped_unknown,
     sorted_catalog,
 )
-from gpuscale.core.gpus import normalize_gpu_model
 from gpuscale.core.model import CapacityType, Catalog, InstanceType, Offering
 
 PROVIDER = "linode"
@@ -53,20 +53,21 @@ def load(region: str | None = None, data_dir: Path | None = None) -> Catalog:
         gpu_mem = parse_positive_int(row["gpu_memory_gb_per_gpu"])
         if price is None or vcpus is None or memory_mb is None or gpus is None or not row["gpu_model"]:
             fields = {"hourly_usd": price, "vcpus": vcpus, "memory_mb": memory_mb, "gpu_count": gpus}
-            unknown = [col for col, val in fields.items() if val is None] + ([] if row["gpu_model"] else ["gpu_model"])
-            warnings.append(f"{PROVIDER}: skipped {name} ({path.name}:{line}): unknown {', '.join(unknown)}")
+            warnings.append(
+                skipped_unknown(PROVIDER, name, path, line, {**fields, "gpu_model": row["gpu_model"] or None})
+            )
             continue
         types.append(
-            InstanceType(
-                name=name,
-                provider=PROVIDER,
+            gpu_instance_type(
+                name,
+                PROVIDER,
+                region,
                 vcpus=vcpus,
                 memory_mib=memory_mb,
                 gpu_count=gpus,
-                gpu_model=normalize_gpu_model(row["gpu_model"], memory_gb=gpu_mem),
-                gpu_memory_mib=gib_to_mib(gpu_mem) if gpu_mem else 0,
+                gpu_model=row["gpu_model"],
+                gpu_memory_gb=gpu_mem,
                 family=family_of(name),
-                region=region,
                 offerings=(Offering(zone=region, capacity_type=CapacityType.ON_DEMAND, hourly_price=price),),
             )
         )
