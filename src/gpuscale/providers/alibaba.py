@@ -43,7 +43,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -54,7 +53,7 @@ from alibabacloud_tea_openapi import models as openapi
 from darabonba.runtime import RuntimeOptions
 from Tea.exceptions import TeaException
 
-from gpuscale.clock import Clock, SystemClock
+from gpuscale.clock import Clock
 from gpuscale.core import labels as wk
 from gpuscale.core.model import CapacityType, Taint, TaintEffect
 from gpuscale.errors import (
@@ -68,16 +67,10 @@ from gpuscale.errors import (
     RateLimited,
     TransientProviderError,
 )
+from gpuscale.providers._common import SlotProvider, slot_id
 from gpuscale.providers._support import digest_key, pool_name, scrub_secrets
 from gpuscale.providers.alibaba_ledger import LEDGER_PREFIX, TAGS_MAX, Entry, bind, decode_ledger, encode_ledger
-from gpuscale.providers.base import (
-    CloudNode,
-    CloudNodeState,
-    LaunchRequest,
-    ProviderCapabilities,
-    ProviderEvent,
-    ProviderEventKind,
-)
+from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, ProviderCapabilities
 
 __all__ = [
     "API_CALLS",
@@ -183,7 +176,7 @@ class _Pool:
     open: list[Entry] = field(default_factory=list)
 
 
-class AlibabaProvider:
+class AlibabaProvider(SlotProvider["_Pool"]):
     """The :class:`~gpuscale.providers.base.Provider` for ACK (see the module docstring)."""
 
     name = PROVIDER_NAME
@@ -202,8 +195,8 @@ class AlibabaProvider:
         self._secret = access_key_secret or env.get(KEY_SECRET_ENV, "")
         if not key_id or not self._secret:
             raise AuthenticationError(f"{KEY_ID_ENV} and {KEY_SECRET_ENV} must be set", provider=PROVIDER_NAME)
+        super().__init__(clock, config.unavailable_ttl_s)
         self.config = config
-        self.clock: Clock = clock or SystemClock()
         self._client = Client(
             openapi.Config(
                 access_key_id=key_id,
@@ -216,7 +209,6 @@ class AlibabaProvider:
         ms = int(config.timeout_s * 1000)
         self._runtime = RuntimeOptions(autoretry=False, max_attempts=1, read_timeout=ms, connect_timeout=ms)
         self._zone_of = {v: z for z, vs in config.vswitches.items() for v in vs}
-        self._lock = threading.RLock()
         # Only work not yet asked of ACK lives here; what was asked is in the pools' ledgers.
         self._waiting: dict[str, _Slots] = {}  # request key -> slots to add with the next ledger write
         self._tasks: dict[str, tuple[str, str]] = {}  # task id -> (pool id, purpose)
@@ -224,8 +216,6 @@ class AlibabaProvider:
         self._cancel: dict[str, set[tuple[str, int]]] = {}  # pool id -> open (request id, slot) to cancel
         self._failed: dict[str, ProviderError] = {}  # pool id -> why its last create or scale-out task failed
         self._raised: set[str] = set()  # pools whose creation failed at once (the launch raised)
-        self._unavailable: dict[tuple[str, str, CapacityType], float] = {}
-        self._events: list[ProviderEvent] = []
         self._seen: dict[str, float] = {}
 
     def __repr__(self) -> str:
@@ -241,11 +231,6 @@ class AlibabaProvider:
             reports_node_ready=False,
         )
 
-    def unavailable_offerings(self) -> dict[tuple[str, str, CapacityType], float]:
-        """(instance type, zone, capacity type) -> until when it is marked unavailable after a stockout."""
-        now = self.clock.now()
-        return {k: t for k, t in self._unavailable.items() if t > now}
-
     # --- Provider protocol ---------------------------------------------------------------------------------------
     def launch(self, request: LaunchRequest) -> Sequence[CloudNode]:
         """Reserve ``request.count`` slots in the offering's pool (created or scaled out); return them at once."""
@@ -257,13 +242,7 @@ class AlibabaProvider:
             raise InvalidProviderRequest(
                 f"zone {request.zone!r} has no configured vSwitch", provider=self.name, field="zone"
             )
-        offering = (request.instance_type, request.zone, request.capacity_type)
-        if self._unavailable.get(offering, -1.0) > self.clock.now():
-            raise InsufficientCapacity(
-                f"alibaba: {request.instance_type} {request.capacity_type} in {request.zone} "
-                "was sold out recently (OperationDenied.NoStock)",
-                provider=self.name,
-            )
+        self._refuse_if_out_of_stock(request, "was sold out recently (OperationDenied.NoStock)")
         key = label_key(request.request_id)
         with self._lock:
             pools = self._observe()
@@ -310,7 +289,7 @@ class AlibabaProvider:
                         self._sync(pool, raise_errors=True)
                         return
                 for e in pool.open:
-                    if node_id == f"{pool.name}/{label_key(e.request_id)}/{e.slot}" and e.gone is None:
+                    if node_id == self._entry_id(pool, e) and e.gone is None:
                         self._cancel.setdefault(pool.id, set()).add((e.request_id, e.slot))
                         self._sync(pool, raise_errors=True)
                         return
@@ -321,18 +300,6 @@ class AlibabaProvider:
                 s.count -= 1
                 if not s.count:
                     del self._waiting[key]
-
-    def list_nodes(self) -> Sequence[CloudNode]:
-        """Nodes of gpuscale's pools (not being removed) and slots still waiting for a node."""
-        with self._lock:
-            return self._nodes(self._observe())
-
-    def poll_errors(self) -> Sequence[ProviderEvent]:
-        """Carry pending work on; return the asynchronous failures found since the last call."""
-        with self._lock:
-            self._observe()
-            events, self._events = self._events, []
-            return events
 
     # --- progress --------------------------------------------------------------------------------------------------
     def _observe(self) -> dict[str, _Pool]:
@@ -418,7 +385,7 @@ class AlibabaProvider:
         except ProviderError as exc:
             if isinstance(exc, InsufficientCapacity):
                 for s in waiting:
-                    self._mark_unavailable(s.request)
+                    self._mark_request_unavailable(s.request)
             self._fail_waiting(waiting, exc, report=not raise_errors)
             if raise_errors:
                 raise
@@ -539,7 +506,7 @@ class AlibabaProvider:
                 ),
             ).body
         except InsufficientCapacity:
-            self._mark_unavailable(request)
+            self._mark_request_unavailable(request)
             raise
         log.info(
             "alibaba: creating pool %s (%s x%d in %s) for request %s",
@@ -557,7 +524,7 @@ class AlibabaProvider:
             self._raised.add(body.nodepool_id)  # launch raises it: no event for these slots later
             err = self._task_error(info, f"create pool {name}")
             if isinstance(err, InsufficientCapacity):
-                self._mark_unavailable(request)
+                self._mark_request_unavailable(request)
             raise err
         self._tasks[body.task_id] = (body.nodepool_id, "create")
 
@@ -579,61 +546,31 @@ class AlibabaProvider:
 
     def _report_failed(self, entries: list[Entry], pool: _Pool, err: ProviderError) -> None:
         if isinstance(err, InsufficientCapacity):
-            ct = CapacityType.SPOT if pool.spot else CapacityType.ON_DEMAND
-            self._unavailable[(pool.instance_type, pool.zone, ct)] = self.clock.now() + self.config.unavailable_ttl_s
-        for e in entries:
-            self._events.append(
-                ProviderEvent(
-                    ProviderEventKind.LAUNCH_FAILED,
-                    node_id=f"{pool.name}/{label_key(e.request_id)}/{e.slot}",
-                    request_id=e.request_id,
-                    message=str(err),
-                    at=self.clock.now(),
-                )
+            self._mark_unavailable(
+                pool.instance_type, pool.zone, CapacityType.SPOT if pool.spot else CapacityType.ON_DEMAND
             )
+        for e in entries:
+            self._launch_failed(pool.name, label_key(e.request_id), e.request_id, (e.slot,), err)
 
     def _fail_waiting(self, slots: list[_Slots], err: ProviderError, *, report: bool) -> None:
         for s in slots:
             if isinstance(err, InsufficientCapacity):
-                self._mark_unavailable(s.request)
+                self._mark_request_unavailable(s.request)
             if report:
-                for i in range(s.count):
-                    self._events.append(
-                        ProviderEvent(
-                            ProviderEventKind.LAUNCH_FAILED,
-                            node_id=f"{s.pool}/{s.key}/{i}",
-                            request_id=s.request.request_id,
-                            message=str(err),
-                            at=self.clock.now(),
-                        )
-                    )
+                self._launch_failed(s.pool, s.key, s.request.request_id, range(s.count), err)
             self._waiting.pop(s.key, None)
 
-    def _mark_unavailable(self, request: LaunchRequest) -> None:
-        offering = (request.instance_type, request.zone, request.capacity_type)
-        self._unavailable[offering] = self.clock.now() + self.config.unavailable_ttl_s
-
     # --- nodes -----------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _entry_id(pool: _Pool, e: Entry) -> str:
+        return slot_id(pool.name, label_key(e.request_id), e.slot)
+
     def _node_id(self, pool: _Pool, node: cs.DescribeClusterNodesResponseBodyNodes) -> str:
         e = pool.bound.get(node.instance_id)
-        return f"{pool.name}/{label_key(e.request_id)}/{e.slot}" if e else node.instance_id
+        return self._entry_id(pool, e) if e else node.instance_id
 
     def _slot_nodes(self, s: _Slots) -> list[CloudNode]:
-        r = s.request
-        return [
-            CloudNode(
-                f"{s.pool}/{s.key}/{i}",
-                r.request_id,
-                r.pool,
-                r.instance_type,
-                r.zone,
-                r.capacity_type,
-                CloudNodeState.PROVISIONING,
-                created_at=s.at,
-                labels=dict(r.labels),
-            )
-            for i in range(s.count)
-        ]
+        return self._open_slots(s.request, s.pool, s.key, range(s.count), s.at)
 
     def _nodes(self, pools: Mapping[str, _Pool]) -> list[CloudNode]:
         out: list[CloudNode] = []
@@ -669,7 +606,7 @@ class AlibabaProvider:
                     continue
                 out.append(
                     CloudNode(
-                        f"{pool.name}/{label_key(e.request_id)}/{e.slot}",
+                        self._entry_id(pool, e),
                         e.request_id,
                         pool.labels.get(wk.POOL, ""),
                         pool.instance_type,

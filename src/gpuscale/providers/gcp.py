@@ -43,7 +43,6 @@ Credentials come from Application Default Credentials (or are passed in) and nev
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -51,7 +50,7 @@ from typing import Any
 
 from google.cloud import compute_v1, container_v1
 
-from gpuscale.clock import Clock, SystemClock
+from gpuscale.clock import Clock
 from gpuscale.core import labels as wk
 from gpuscale.core.model import CapacityType, TaintEffect
 from gpuscale.errors import (
@@ -62,15 +61,9 @@ from gpuscale.errors import (
     QuotaExceeded,
     TransientProviderError,
 )
+from gpuscale.providers._common import SlotProvider, slot_id
 from gpuscale.providers._support import pool_name
-from gpuscale.providers.base import (
-    CloudNode,
-    CloudNodeState,
-    LaunchRequest,
-    ProviderCapabilities,
-    ProviderEvent,
-    ProviderEventKind,
-)
+from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, ProviderCapabilities
 from gpuscale.providers.gcp_support import (
     API_CALLS,
     GPU_TAINT,
@@ -202,29 +195,26 @@ _STATE = {
 }
 
 
-class GcpProvider:
+class GcpProvider(SlotProvider["_PoolView"]):
     """The :class:`~gpuscale.providers.base.Provider` for GKE (see the module docstring)."""
 
     name = PROVIDER_NAME
 
     def __init__(self, config: GcpConfig, *, credentials: Any = None, clock: Clock | None = None) -> None:
+        super().__init__(clock, config.unavailable_ttl_s)
         self.config = config
-        self.clock: Clock = clock or SystemClock()
         opts = {"api_endpoint": config.api_endpoint} if config.api_endpoint else None
         kw: dict[str, Any] = {"transport": "rest", "client_options": opts, "credentials": credentials}
         self._gke = container_v1.ClusterManagerClient(**kw)
         self._vms = compute_v1.InstancesClient(**kw)
         self._migs = compute_v1.InstanceGroupManagersClient(**kw)
         self._zone_ops = compute_v1.ZoneOperationsClient(**kw)
-        self._lock = threading.RLock()
         self._slots: dict[str, _Slots] = {}
         self._ops: list[_Op] = []
         self._bound: dict[str, tuple[str, int]] = {}
         self._deleting: set[str] = set()
         self._cancelled: dict[str, int] = {}
-        self._unavailable: dict[tuple[str, str, CapacityType], float] = {}
         self._request_ids: dict[str, str] = {}
-        self._events: list[ProviderEvent] = []
         self._error_mark: dict[str, str] = {}
         self._seen: dict[str, float] = {}
 
@@ -242,12 +232,6 @@ class GcpProvider:
             reports_node_ready=False,
         )
 
-    def unavailable_offerings(self) -> dict[tuple[str, str, CapacityType], float]:
-        """(instance type, zone, capacity type) -> until when it is marked unavailable after a stockout."""
-        now = self.clock.now()
-        with self._lock:
-            return {k: t for k, t in self._unavailable.items() if t > now}
-
     # --- Provider protocol ---------------------------------------------------------------------------------------
     def launch(self, request: LaunchRequest) -> Sequence[CloudNode]:
         """Reserve ``request.count`` slots in the offering's pool (created if missing); return them at once."""
@@ -264,13 +248,7 @@ class GcpProvider:
             raise InvalidProviderRequest(
                 f"zone {request.zone!r} is not one of {list(self.config.zones)}", provider=self.name, field="zone"
             )
-        offering = (request.instance_type, request.zone, request.capacity_type)
-        if self._unavailable.get(offering, -1.0) > self.clock.now():
-            raise InsufficientCapacity(
-                f"gcp: {request.instance_type} {request.capacity_type} in {request.zone} ran "
-                "out of capacity recently (ZONE_RESOURCE_POOL_EXHAUSTED)",
-                provider=self.name,
-            )
+        self._refuse_if_out_of_stock(request, "ran out of capacity recently (ZONE_RESOURCE_POOL_EXHAUSTED)")
         key = label_key(request.request_id)
         with self._lock:
             self._request_ids[key] = request.request_id
@@ -352,18 +330,6 @@ class GcpProvider:
                 self._cancelled[pool_id] = self._cancelled.get(pool_id, 0) + 1
                 if not slots.open:
                     del self._slots[key]
-
-    def list_nodes(self) -> Sequence[CloudNode]:
-        """gpuscale's nodes: VMs of its pools (labelled with their request and slot) and slots still waiting."""
-        with self._lock:
-            return self._nodes(self._observe())
-
-    def poll_errors(self) -> Sequence[ProviderEvent]:
-        """Carry pending work on and return the asynchronous failures found since the last call."""
-        with self._lock:
-            self._observe()
-            events, self._events = self._events, []
-            return events
 
     # --- observing and progressing -------------------------------------------------------------------------------
     def _observe(self) -> dict[str, _PoolView]:
@@ -575,7 +541,7 @@ class GcpProvider:
                 ),
             )
         except InsufficientCapacity:
-            self._mark_unavailable(request)
+            self._mark_request_unavailable(request)
             raise
         log.info(
             "gcp: creating pool %s (%s x%d in %s) for request %s",
@@ -597,7 +563,7 @@ class GcpProvider:
         if done.status == container_v1.Operation.Status.DONE and done.error.message:
             err = op_error(done.error.message, f"create pool {name}")
             if isinstance(err, InsufficientCapacity):
-                self._mark_unavailable(request)
+                self._mark_request_unavailable(request)
             raise err
         self._ops.append(_Op("container", op.name, self.config.location, name, "create"))
 
@@ -675,41 +641,14 @@ class GcpProvider:
             if s.pool != pool:
                 continue
             if isinstance(err, InsufficientCapacity):
-                self._mark_unavailable(s.request)
+                self._mark_request_unavailable(s.request)
             if report:
-                for i in s.open:
-                    self._events.append(
-                        ProviderEvent(
-                            ProviderEventKind.LAUNCH_FAILED,
-                            node_id=f"{pool}/{key}/{i}",
-                            request_id=s.request_id,
-                            message=str(err),
-                            at=self.clock.now(),
-                        )
-                    )
+                self._launch_failed(pool, key, s.request_id, s.open, err)
             del self._slots[key]
-
-    def _mark_unavailable(self, request: LaunchRequest) -> None:
-        until = self.clock.now() + self.config.unavailable_ttl_s
-        self._unavailable[(request.instance_type, request.zone, request.capacity_type)] = until
 
     # --- building nodes ------------------------------------------------------------------------------------------
     def _slot_nodes(self, s: _Slots) -> list[CloudNode]:
-        r = s.request
-        return [
-            CloudNode(
-                f"{s.pool}/{s.key}/{i}",
-                s.request_id,
-                r.pool,
-                r.instance_type,
-                r.zone,
-                r.capacity_type,
-                CloudNodeState.PROVISIONING,
-                created_at=s.at,
-                labels=dict(r.labels),
-            )
-            for i in s.open
-        ]
+        return self._open_slots(s.request, s.pool, s.key, s.open, s.at)
 
     def _nodes(self, pools: Mapping[str, _PoolView]) -> list[CloudNode]:
         out: list[CloudNode] = []
@@ -720,7 +659,7 @@ class GcpProvider:
                 state = _STATE.get(vm.status, CloudNodeState.PROVISIONING)
                 out.append(
                     CloudNode(
-                        node_id=f"{pool.name}/{key}/{owner[1]}" if owner else vm.name,
+                        node_id=slot_id(pool.name, key, owner[1]) if owner else vm.name,
                         request_id=self._request_ids.get(key, key),
                         pool=pool.node_labels.get(wk.POOL, pool.labels.get(L_POOL, "")),
                         instance_type=pool.labels.get(L_TYPE, ""),
