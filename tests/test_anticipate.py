@@ -7,16 +7,18 @@ import pytest
 from builders import OD, catalog, itype, pod, pool
 from gpuscale.controller.config import ControllerConfig
 from gpuscale.core.anticipate import (
+    ANTICIPATED_NAMESPACE,
     LOWEST_PRIORITY,
     AnticipateSpec,
+    after_plan,
     anticipated,
     expected_pods,
     is_anticipated,
     weigh,
-    without_anticipated,
+    with_extra,
 )
 from gpuscale.core.model import Snapshot
-from gpuscale.core.plan import Blocked, BlockReason, PlannerConfig
+from gpuscale.core.plan import PlannerConfig
 from gpuscale.core.planner import plan
 from gpuscale.core.reconcile.scaleup import LaunchOrder, ScaleUpDecision, decide_scale_up
 from gpuscale.errors import InputError
@@ -99,103 +101,81 @@ def test_an_expected_pod_keeps_its_shape_and_selectors() -> None:
 
 # ------------------------------------------------------------------------------------------------ weigh
 @pytest.mark.parametrize(
-    ("plain", "more", "expected", "spec", "take", "why"),
+    ("extra", "expected", "spec", "take", "why"),
     [
-        # the planner put the expected pod in room the plain plan's node had anyway: same cost, plain kept
-        (_decision(_order("g4", "p")), _decision(_order("g4", "p", X)), [X], SPEC, False, "no room bought"),
-        # a 4-GPU node instead of a 1-GPU one for 3 expected GPUs: +$1.40/h over 10 min ($0.23) against
-        # 3 x 200 s x ($4 + $0.50) = $0.75 of cold starts
-        (_decision(_order("g1", "p")), _decision(_order("g4", "p", X, Y, Z)), [X, Y, Z], SPEC, True, "taken"),
-        # one more 1-GPU node for one expected pod: $0.10 against 200 s x ($4 + $0.60) = $0.26
-        (_decision(_order("g1", "p")), _decision(_order("g1", "p"), _order("g1", X)), [X], SPEC, True, "taken"),
-        # the same when waiting costs nothing and the room must wait an hour: $0.60 against $0.03
-        (
-            _decision(_order("g1", "p")),
-            _decision(_order("g1", "p"), _order("g1", X)),
-            [X],
-            AnticipateSpec(lead_s=3600.0, wait_cost_per_gpu_hour=0.0),
-            False,
-            "does not pay",
-        ),
+        # the expected pods fit in room there is: nothing to launch
+        (_decision(), [X], SPEC, False, "fit in room"),
+        # one 1-GPU node for one expected pod: $0.60/h over 10 min ($0.10) against 200 s x ($4 + $0.60) = $0.26
+        (_decision(_order("g1", X)), [X], SPEC, True, "taken"),
+        # a 4-GPU node for three: $2.00/h over 10 min ($0.33) against 3 x 200 s x ($4 + $0.50) = $0.75
+        (_decision(_order("g4", X, Y, Z)), [X, Y, Z], SPEC, True, "taken"),
+        # a 4-GPU node for one: $0.33 against 200 s x ($4 + $0.50) = $0.25
+        (_decision(_order("g4", X)), [X], SPEC, False, "does not pay"),
+        # waiting costs nothing and the room may wait an hour: $0.60 against $0.03
+        (_decision(_order("g1", X)), [X], AnticipateSpec(lead_s=3600.0, wait_cost_per_gpu_hour=0.0), False, "not pay"),
         # more GPUs than maxExtraGpus
-        (
-            _decision(_order("g1", "p")),
-            _decision(_order("g4", "p", X, Y, Z)),
-            [X, Y, Z],
-            AnticipateSpec(max_extra_gpus=2),
-            False,
-            "maxExtraGpus=2",
-        ),
-        # a real pod the plain plan places is not placed with the expected pods (e.g. a pool limit): plain kept
-        (
-            _decision(_order("g1", "p"), _order("g1", "q")),
-            _decision(_order("g4", "p", X, Y, Z)),
-            [X, Y, Z],
-            SPEC,
-            False,
-            "1 pending pod(s)",
-        ),
-        # a real pod placed on an existing node by one plan and on a new node by the other is still placed
-        (
-            _decision(_order("g1", "p"), placed={"q": "n1"}),
-            _decision(_order("g4", "p", "q", X, Y), placed={}),
-            [X, Y],
-            SPEC,
-            True,
-            "taken",
-        ),
+        (_decision(_order("g4", X, Y, Z)), [X, Y, Z], AnticipateSpec(max_extra_gpus=2), False, "maxExtraGpus=2"),
+        # a real pod would get a node (the plain plan left it out): never
+        (_decision(_order("g4", "q", X, Y)), [X, Y], SPEC, False, "leaves out"),
     ],
 )
-def test_weigh(
-    plain: ScaleUpDecision, more: ScaleUpDecision, expected: list[str], spec: AnticipateSpec, take: bool, why: str
-) -> None:
+def test_weigh(extra: ScaleUpDecision, expected: list[str], spec: AnticipateSpec, take: bool, why: str) -> None:
     pods = [anticipated(pod(k.rsplit("/", 1)[1], gpus=1)) for k in expected]
-    v = weigh(plain, more, pods, CAT, spec)
+    v = weigh(extra, pods, CAT, spec)
     assert v.take is take
     assert why in v.reason
 
 
 def test_weigh_figures() -> None:
     pods = [anticipated(pod(n, gpus=1)) for n in "xyz"]
-    v = weigh(_decision(_order("g1", "p")), _decision(_order("g4", "p", X, Y, Z)), pods, CAT, SPEC)
-    assert v.extra_gpus == 3 and v.extra_hourly == pytest.approx(1.4)
-    assert v.spent == pytest.approx(1.4 / 6)
+    v = weigh(_decision(_order("g4", X, Y, Z)), pods, CAT, SPEC)
+    assert v.extra_gpus == 4 and v.extra_hourly == pytest.approx(2.0)
+    assert v.spent == pytest.approx(2.0 / 6)
     assert v.saved == pytest.approx(3 * 200 / 3600 * (4 + 0.5))
 
 
-# ------------------------------------------------------------------------------------------------ strip
-def test_without_anticipated_strips_expected_pods_and_launches_real_pods_first() -> None:
-    d = ScaleUpDecision(
-        (_order("g1", X, group=0), _order("g4", "p", X, Y, group=1), _order("g1", "q", group=2)),
-        {X: "n1", "r": "n2"},
-        (Blocked(Z, BlockReason.TOO_LARGE, "no"), Blocked("s", BlockReason.TOO_LARGE, "no")),
-        0,
-        True,
-    )
-    out = without_anticipated(d, [anticipated(pod(n, gpus=1)) for n in "xyz"])
+# ------------------------------------------------------------------------------------------------ plans
+def _plan(snap: Snapshot) -> ScaleUpDecision:
+    return decide_scale_up(snap, plan, PlannerConfig(), 0.0)
+
+
+def test_expected_pods_take_the_plain_plans_spare_room_first_then_one_more_node() -> None:
+    """Two pending half-GPU pods: the plain plan buys one 1-GPU node for both. One expected 1-GPU pod gets a node of
+    its own; with a half-GPU expected pod, it takes the spare room of a 1-GPU node bought for one pending half-GPU
+    pod and nothing more is launched."""
+    real = (pod("p", milli=500), pod("q", milli=500))
+    snap = Snapshot(pods=real, nodes=(), pools=(pool("gpu"),), catalog=CAT)
+    plain = _plan(snap)
+    assert [(o.instance_type, o.pods) for o in plain.launches] == [("g1", ("default/p", "default/q"))]
+    expected = (anticipated(pod("x", gpus=1)),)
+    after = after_plan(snap, plain, expected)
+    assert [p.node_name for p in after.pods[:2]] == [f"{ANTICIPATED_NAMESPACE}/planned-0"] * 2
+    assert [n.launching for n in after.nodes] == [True]
+    extra = _plan(after)
+    assert [(o.instance_type, o.pods) for o in extra.launches] == [("g1", (expected[0].key,))]
+    v = weigh(extra, expected, CAT, SPEC)
+    assert v.take and v.extra_gpus == 1
+    out = with_extra(plain, extra)
     assert [(o.instance_type, o.pods, o.group) for o in out.launches] == [
-        ("g1", ("q",), 2),
-        ("g4", ("p",), 1),
-        ("g1", (), 0),
+        ("g1", ("default/p", "default/q"), 0),
+        ("g1", (), 1),
     ]
-    assert out.launches[2].seed == d.launches[0].seed  # the seed keeps the expected pod: same request id next time
-    assert out.placed == {"r": "n2"}
-    assert [b.pod for b in out.blocked] == ["s"]
-    assert without_anticipated(d, []) is d
+    assert out.launches[1].seed == extra.launches[0].seed  # names the expected pod: the same id in a later round
+    # one pending half-GPU pod: its node has half a GPU to spare, an expected half-GPU pod needs no node
+    one = Snapshot(pods=real[:1], nodes=(), pools=(pool("gpu"),), catalog=CAT)
+    plain1 = _plan(one)
+    half = (anticipated(pod("y", milli=500)),)
+    extra1 = _plan(after_plan(one, plain1, half))
+    assert extra1.launches == () and extra1.placed == {half[0].key: f"{ANTICIPATED_NAMESPACE}/planned-0"}
+    assert not weigh(extra1, half, CAT, SPEC).take
 
 
-def test_the_planner_buys_a_bigger_node_for_expected_pods() -> None:
-    """One pending 1-GPU pod and three expected: the plan with them buys one 4-GPU node ($2.00/h) instead of a 1-GPU
-    one ($0.60/h): four 1-GPU nodes would cost $2.40/h."""
-    snap = Snapshot(pods=(pod("p", gpus=1),), nodes=(), pools=(pool("gpu"),), catalog=CAT)
-    plain = decide_scale_up(snap, plan, PlannerConfig(), 0.0)
-    assert [(o.instance_type, o.pods) for o in plain.launches] == [("g1", ("default/p",))]
-    expected = tuple(anticipated(pod(n, gpus=1)) for n in "xyz")
-    more = decide_scale_up(Snapshot(snap.pods + expected, (), snap.pools, CAT), plan, PlannerConfig(), 0.0)
-    v = weigh(plain, more, expected, CAT, SPEC)
-    assert v.take and v.extra_gpus == 3
-    out = without_anticipated(more, expected)
-    assert [(o.instance_type, o.pods) for o in out.launches] == [("g4", ("default/p",))]
+def test_pods_the_plain_plan_blocks_are_left_out() -> None:
+    snap = Snapshot(pods=(pod("huge", gpus=16), pod("p", gpus=1)), nodes=(), pools=(pool("gpu"),), catalog=CAT)
+    plain = _plan(snap)
+    assert [b.pod for b in plain.blocked] == ["default/huge"]
+    after = after_plan(snap, plain, ())
+    assert [p.key for p in after.pods] == ["default/p"]
 
 
 # ------------------------------------------------------------------------------------------------ setting

@@ -1,6 +1,6 @@
 """The controller's side of the demand-anticipating scale-up (``anticipate``, :mod:`gpuscale.core.anticipate`): the
-setting's reader, the arrivals it records, and the choice between the plain plan and the plan with the expected
-pods, made each time a plan launches nodes for pending pods.
+setting's reader, the arrivals it records, and whether a plan that launches nodes for pending pods also launches
+nodes for the pods expected next.
 
 The arrival history lives in memory: after a restart it starts again from nothing (plans are plain until arrivals
 are seen again).
@@ -9,11 +9,11 @@ are seen again).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuscale.controller.settingsread import known_keys, positive_duration
-from gpuscale.core.anticipate import AnticipateSpec, Verdict, expected_pods, weigh, without_anticipated
+from gpuscale.core.anticipate import AnticipateSpec, Verdict, after_plan, expected_pods, weigh, with_extra
 from gpuscale.core.model import Catalog, Pod, Snapshot
 from gpuscale.core.reconcile.scaleup import ScaleUpDecision
 from gpuscale.errors import InputError
@@ -120,15 +120,15 @@ class Anticipation:
         catalog: Catalog,
         now: float,
     ) -> ScaleUpDecision:
-        """``plain``, or the plan ``replan`` makes with the expected pods added to ``snapshot`` when it pays (its
-        expected pods taken out). Only plans that launch nodes are weighed."""
+        """``plain``, or ``plain`` with the nodes ``replan`` launches for the expected pods over the snapshot ``plain``
+        leaves, when they pay. Only plans that launch nodes are weighed."""
         if not plain.launches:
             return plain
         expected = expected_pods(self.times, self.pods, self.first_seen, now, self.spec)
         if not expected:
             return plain
-        more = replan(replace(snapshot, pods=snapshot.pods + expected))
-        verdict = weigh(plain, more, expected, catalog, self.spec)
+        extra = replan(after_plan(snapshot, plain, expected))
+        verdict = weigh(extra, expected, catalog, self.spec)
         st = self.stats
         st.weighed += 1
         st.last = verdict
@@ -137,4 +137,4 @@ class Anticipation:
         st.taken += 1
         st.extra_gpus += verdict.extra_gpus
         st.extra_hourly += verdict.extra_hourly
-        return without_anticipated(more, expected)
+        return with_extra(plain, extra)

@@ -1,23 +1,28 @@
 """Demand-anticipating scale-up (``anticipate``, an option, off by default): when a plan launches nodes for pending
-pods, it may buy a bigger node or one more node for the pods expected to arrive in the next ``lead_s``, when the
-cold starts that room saves are worth more than what it costs before it fills.
+pods, it may also launch nodes for the pods expected in the next ``lead_s``, when the cold starts that room saves are
+worth more than what it costs before it fills.
 
 Pure decisions, in three steps (the controller calls the planner between the first two):
 
 1. :func:`expected_pods` -- the pods expected in the next ``lead_s``: the GPU demand forecast by
    :func:`gpuscale.core.headroom.forecast` (recent windows of ``lead_s`` and, with ``days``, the same window of past
    days: their ``quantile``), capped at ``max_extra_gpus``, as copies of the newest arrivals (newest first, as long
-   as their GPUs fit the forecast). Each copy is a pending pod of its own (:func:`anticipated`), of the lowest
-   priority, so the planner places real pods first and these only in the room left (free room of existing nodes and
-   nodes in flight first: it is paid already).
-2. :func:`weigh` -- the plan with those pods against the plan without: it is taken when it blocks no real pod the
-   plain plan places, buys at most ``max_extra_gpus`` more GPUs, and the cold starts its extra room saves pay for
-   it. A pod landing in room that is up (or coming up) instead of on a node launched for it saves
-   ``cold_start_s`` of waiting, valued at ``wait_cost_per_gpu_hour`` per GPU, and ``cold_start_s`` of its share of
-   a node (the boot a node of its own would be paid for); the extra room costs the price difference of the two
-   plans over the whole ``lead_s`` (as if it stayed empty until the end of the window).
-3. :func:`without_anticipated` -- the chosen decision with the expected pods taken out of its launch orders,
-   placements and blocked list (claims carry only real pods; no event names an expected pod).
+   as their GPUs fit the forecast). Each copy is a pending pod of its own (:func:`anticipated`).
+   :func:`after_plan` is the snapshot the plain plan leaves (its new nodes launching with the pods it put on them,
+   the pods it places elsewhere bound there, the pods it blocks left out) with those pods pending: planned, they
+   go to free room first (existing nodes, nodes in flight and the plain plan's new nodes: paid already) and to new
+   nodes for the rest.
+2. :func:`weigh` -- the new nodes for expected pods are launched when they are at most ``max_extra_gpus`` GPUs and the
+   cold starts they save pay for them. An expected pod landing in room that is up (or coming up) instead of on a node
+   launched for it saves ``cold_start_s`` of waiting, valued at ``wait_cost_per_gpu_hour`` per GPU, and
+   ``cold_start_s`` of its share of a node (the boot a node of its own would be paid for); the extra nodes cost their
+   price over the whole ``lead_s`` (as if they stayed empty until the end of the window).
+3. :func:`with_extra` -- the plain decision with the extra nodes' launch orders appended, naming no pod (the pending
+   pods keep the nodes the plain plan launches for them, so no node is launched for a pod that fits elsewhere).
+
+The room bought is always one more node, never a bigger node instead of the plain plan's: a re-plan of the pending
+pods together with the expected ones spreads them over its nodes differently, and a node then launched for a
+pending pod that fits in the spare room of another launched in the same round is a redundant launch.
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from gpuscale.core.headroom import HeadroomSpec, forecast
-from gpuscale.core.model import Catalog, Pod
+from gpuscale.core.model import Catalog, Node, Offering, Pod, Snapshot
 from gpuscale.core.reconcile.scaleup import LaunchOrder, ScaleUpDecision
 from gpuscale.core.resources import MILLI_PER_GPU
+from gpuscale.core.templates import template_allocatable, template_labels
 
 ANTICIPATED_NAMESPACE = "gpuscale.io~anticipated"
 """The namespace of the expected pods shown to the planner (no real pod can have it: ``~`` is not allowed)."""
@@ -118,12 +124,12 @@ class Verdict:
 
     take: bool
     extra_hourly: float
-    """$/h the anticipating plan's launches cost more than the plain plan's."""
+    """$/h of the extra nodes."""
     extra_gpus: int
     saved: float
-    """$ of cold starts the expected pods on new nodes would save."""
+    """$ of cold starts the expected pods on the extra nodes would save."""
     spent: float
-    """$ of the extra room over ``lead_s``."""
+    """$ of the extra nodes over ``lead_s``."""
     reason: str
 
 
@@ -138,39 +144,30 @@ def order_price(order: LaunchOrder, catalog: Catalog) -> tuple[float, int]:
     return 0.0, it.gpu_count
 
 
-def weigh(
-    plain: ScaleUpDecision,
-    anticipating: ScaleUpDecision,
-    expected: Sequence[Pod],
-    catalog: Catalog,
-    spec: AnticipateSpec,
-) -> Verdict:
-    """Whether to carry out ``anticipating`` (the plan with the ``expected`` pods) instead of ``plain``."""
-    base = [order_price(o, catalog) for o in plain.launches]
-    more = [order_price(o, catalog) for o in anticipating.launches]
-    extra_hourly = sum(p for p, _ in more) - sum(p for p, _ in base)
-    extra_gpus = sum(g for _, g in more) - sum(g for _, g in base)
+def weigh(extra: ScaleUpDecision, expected: Sequence[Pod], catalog: Catalog, spec: AnticipateSpec) -> Verdict:
+    """Whether to launch ``extra``'s nodes (the plan of the ``expected`` pods over :func:`after_plan`)."""
+    priced = [order_price(o, catalog) for o in extra.launches]
+    extra_hourly = sum(p for p, _ in priced)
+    extra_gpus = sum(g for _, g in priced)
     demand = {p.key: p.request.gpu_demand_milli / MILLI_PER_GPU for p in expected}
     saved = 0.0
-    for order, (price, gpus) in zip(anticipating.launches, more, strict=True):
+    for order, (price, gpus) in zip(extra.launches, priced, strict=True):
         per_gpu = price / gpus if gpus > 0 else 0.0
         for k in order.pods:
-            g = demand.get(k, 0.0)
-            saved += g * spec.cold_start_s / 3600.0 * (spec.wait_cost_per_gpu_hour + per_gpu)
-    spent = max(0.0, extra_hourly) * spec.lead_s / 3600.0
+            saved += demand.get(k, 0.0) * spec.cold_start_s / 3600.0 * (spec.wait_cost_per_gpu_hour + per_gpu)
+    spent = extra_hourly * spec.lead_s / 3600.0
     figures = (
-        f"{len(expected)} expected pod(s): +{extra_gpus} GPU, +${extra_hourly:.3f}/h, "
+        f"{len(expected)} expected pod(s): {len(extra.launches)} node(s), {extra_gpus} GPU, ${extra_hourly:.3f}/h, "
         f"cold starts saved ${saved:.3f} against ${spent:.3f} over the lead"
     )
 
     def verdict(take: bool, why: str) -> Verdict:
         return Verdict(take, extra_hourly, extra_gpus, saved, spent, f"{figures}: {why}")
 
-    if extra_hourly <= 1e-9:
-        return verdict(False, "no room bought beyond the plain plan")
-    lost = _placed(plain) - _placed(anticipating)
-    if lost:
-        return verdict(False, f"{len(lost)} pending pod(s) the plain plan places would not be")
+    if not extra.launches:
+        return verdict(False, "the expected pods fit in room there is or will be")
+    if any(not is_anticipated(k) for o in extra.launches for k in o.pods):
+        return verdict(False, "a pending pod the plain plan leaves out would get a node")
     if extra_gpus > spec.max_extra_gpus:
         return verdict(False, f"more than maxExtraGpus={spec.max_extra_gpus}")
     if saved < spent:
@@ -178,33 +175,34 @@ def weigh(
     return verdict(True, "taken")
 
 
-def _placed(d: ScaleUpDecision) -> set[str]:
-    """Real pods a decision places (on a node or a new node)."""
-    out = {k for k in d.placed if not is_anticipated(k)}
-    out.update(k for o in d.launches for k in o.pods if not is_anticipated(k))
-    return out
+def after_plan(snapshot: Snapshot, plain: ScaleUpDecision, expected: Sequence[Pod]) -> Snapshot:
+    """``snapshot`` as ``plain`` leaves it, with the ``expected`` pods pending (see the module docstring)."""
+    pools = {p.name: p for p in snapshot.pools}
+    types = snapshot.catalog.by_name()
+    nodes = list(snapshot.nodes)
+    on: dict[str, str] = dict(plain.placed)
+    for i, o in enumerate(plain.launches):
+        pool, it = pools.get(o.pool), types.get(o.instance_type)
+        if pool is None or it is None:
+            continue
+        offer = next(
+            (x for x in it.offerings if x.zone == o.zone and x.capacity_type == o.capacity_type),
+            Offering(o.zone, o.capacity_type, 0.0),
+        )
+        name = f"{ANTICIPATED_NAMESPACE}/planned-{i}"
+        labels = template_labels(pool, it, offer)
+        alloc = template_allocatable(pool, it)
+        nodes.append(Node(name, alloc, labels, pool.taints, False, pool.name, True, offer.hourly_price))
+        on.update((k, name) for k in o.pods)
+    blocked = {b.pod for b in plain.blocked}
+    pods = [replace(p, node_name=on[p.key]) if p.pending and p.key in on else p for p in snapshot.pods]
+    pods = [p for p in pods if p.key not in blocked or not p.pending]
+    return replace(snapshot, pods=(*pods, *expected), nodes=tuple(nodes))
 
 
-def without_anticipated(d: ScaleUpDecision, expected: Sequence[Pod]) -> ScaleUpDecision:
-    """``d`` with the ``expected`` pods taken out of its orders' pods, placements and blocked pods (the orders' seeds
-    keep them: the same plan in a later round asks for the same request ids).
-
-    The orders are launched in this order: those with real pods first, the ones with the least room for expected
-    pods first, then those with none (so no node is launched for a real pod that fits in the spare room of a node
-    launched before it in the same plan)."""
-    if not expected:
-        return d
-    room = {p.key: p.request.gpu_demand_milli for p in expected}
-
-    def order_key(item: tuple[int, LaunchOrder]) -> tuple[bool, int, int]:
-        i, o = item
-        real = any(k not in room for k in o.pods)
-        return (not real, sum(room.get(k, 0) for k in o.pods), i)
-
-    ordered = [o for _, o in sorted(enumerate(d.launches), key=order_key)]
-    return replace(
-        d,
-        launches=tuple(replace(o, pods=tuple(k for k in o.pods if k not in room)) for o in ordered),
-        placed={k: v for k, v in d.placed.items() if k not in room},
-        blocked=tuple(b for b in d.blocked if b.pod not in room),
-    )
+def with_extra(plain: ScaleUpDecision, extra: ScaleUpDecision) -> ScaleUpDecision:
+    """``plain`` with ``extra``'s launch orders (planned over :func:`after_plan`) appended, naming no pod, in groups of
+    their own after ``plain``'s."""
+    first = 1 + max((o.group for o in plain.launches), default=-1)
+    more = tuple(replace(o, pods=(), group=first + o.group) for o in extra.launches)
+    return replace(plain, launches=plain.launches + more)
