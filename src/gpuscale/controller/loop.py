@@ -36,9 +36,9 @@ node it already made. Deletes are idempotent.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from operator import attrgetter
 from typing import Any
 
 from gpuscale.clock import Clock
@@ -80,6 +80,7 @@ def _default_planner() -> PlanFn:
 
 
 _LIVE_PHASES = ("Pending", "Running", "")
+_NAME, _POOL = attrgetter("name"), attrgetter("pool")
 
 
 class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
@@ -208,22 +209,34 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
         Batch windows closing, claim deadlines, launch/delete retries, orphan grace periods, consolidateAfter
         expiring, a skipped disruption pass, and (while pods are pending) offering/back-off/fallback expiries.
         Anything else only changes when the cluster or cloud changes, which a driver observes by itself.
-        The candidate times are kept until the next reconcile (nothing else changes them).
+        The candidate times are kept until the next reconcile (nothing else changes them), and so is the answer
+        while it is still in the future (it is the earliest candidate after any earlier time).
         """
         now = self.clock.now()
         obs = self.observed
         times = obs.wake_times
         if times is None:
-            times = obs.wake_times = sorted(t for t in self._timer_candidates() if t < math.inf)
-        i = bisect_right(times, now)
-        return times[i] if i < len(times) else None
+            times = obs.wake_times = self._timer_candidates()
+        elif obs.wake_next is None or obs.wake_next > now:
+            return obs.wake_next
+        future = [t for t in times if now < t < math.inf]
+        obs.wake_next = nxt = min(future) if future else None
+        return nxt
+
+    def _timed_deadlines(self) -> list[float]:
+        """The deadlines of the claims in a timed phase (:func:`~gpuscale.core.nodeclaim.deadline`), in table
+        order; kept until the claim table changes (its ``version``)."""
+        claims = self.claims
+        kept = self.observed.deadlines
+        if kept is not None and kept[0] is claims and kept[1] == claims.version:
+            return kept[2]
+        found = [t for _, c in claims.in_phases(TIMED_PHASES) if (t := deadline(c)) is not None]
+        self.observed.deadlines = (claims, claims.version, found)
+        return found
 
     def _timer_candidates(self) -> list[float]:
         times = self.scaleup.wake_times(self.availability)
-        for _, c in self.claims.in_phases(TIMED_PHASES):
-            t = deadline(c)
-            if t is not None:
-                times.append(t + 1e-6)
+        times += [t + 1e-6 for t in self._timed_deadlines()]
         for key in self.observed.unlisted:
             unlisted = self.claims.get(key)
             if unlisted is not None and unlisted.phase is ClaimPhase.LAUNCHED:
@@ -243,7 +256,7 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
             if obs.same_nodes(listed):
                 nodes = dict(obs.nodes)  # a copy: the controller deletes from it during the round
             else:
-                nodes = {n.name: self._normalise(n) for n in listed}
+                nodes = self._normalised(listed)
                 obs.keep_nodes(listed, nodes)
             provided = self.provider.list_nodes()
             if provided is not obs.cloud_list:
@@ -263,6 +276,13 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
             world.share_grouping(last)
         obs.pods_world = world
         return world
+
+    @classmethod
+    def _normalised(cls, listed: Sequence[Node]) -> dict[str, Node]:
+        """The listed nodes by name, each with its pool (from its label when the backend left it out)."""
+        if None in map(_POOL, listed):
+            return {n.name: cls._normalise(n) for n in listed}
+        return dict(zip(map(_NAME, listed), listed, strict=True))  # in C: the list changes in a third of the rounds
 
     @staticmethod
     def _normalise(node: Node) -> Node:
@@ -297,9 +317,9 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
 
     # ------------------------------------------------------------------------------------------- deadlines
     def _check_deadlines(self, w: World) -> None:
-        timed = self.claims.in_phases(TIMED_PHASES)
-        if timed:
-            self._apply(expire_deadlines(timed, self._rules, w.now), w)
+        deadlines = self._timed_deadlines()
+        if deadlines and w.now > min(deadlines):  # else no claim is past its deadline: nothing expires
+            self._apply(expire_deadlines(self.claims.in_phases(TIMED_PHASES), self._rules, w.now), w)
 
     # -------------------------------------------------------------------------------------------- replacing
     def _progress_replacements(self, w: World) -> None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from itertools import compress
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from gpuscale.controller.batching import PendingBatch
@@ -35,6 +37,9 @@ from gpuscale.providers.base import CloudNode
 if TYPE_CHECKING:
     from gpuscale.controller.availability import Availability
     from gpuscale.controller.shell import World
+
+
+_PHASE = attrgetter("phase")
 
 
 class ScaleUpState:
@@ -131,14 +136,18 @@ class Observation:
         self.unlisted: set[str] = set()
         """Claims the provider stopped listing (lost after a grace period)."""
         self.wake_times: list[float] | None = None
-        """Sorted candidate wake-up times, computed on demand after each round."""
+        """Candidate wake-up times, computed on demand after each round (None: not yet)."""
+        self.wake_next: float | None = None
+        """The earliest of ``wake_times`` after the time it was last asked at (valid while ``wake_times`` is)."""
+        self.deadlines: tuple[object, int, list[float]] | None = None
+        """(claim table, its version, the deadlines of its claims in a timed phase) as last computed."""
 
     def live_pods(self, listed: Sequence[Pod], phases: Collection[str]) -> tuple[list[Pod], World | None]:
         """The pods of ``listed`` in one of ``phases``, and the last world built on the same list (None if the list
         changed). Only an immutable tuple is recognised again; the lists are shared, never changed."""
         if self.pods_list is not None and listed is self.pods_list:
             return self.pods, self.pods_world
-        pods = [p for p in listed if p.phase in phases]
+        pods = list(compress(listed, map(phases.__contains__, map(_PHASE, listed))))  # in C: every round
         self.pods_list, self.pods, self.pods_world = (listed if isinstance(listed, tuple) else None), pods, None
         return pods, None
 

@@ -56,6 +56,7 @@ from gpuscale.sim.cluster_records import (
     SimPod,
     demand,
     ffd_key,
+    placed,
 )
 from gpuscale.sim.engine import Engine, Timer, stream
 from gpuscale.sim.firstfit import first_fit
@@ -333,6 +334,7 @@ class SimCluster(SchedulePass):
             now,
             self.behaviour.busy if gpu_util is None else gpu_util,
         )
+        sp.fkey = self._fkeys.setdefault((sp.pod.request, sp.sig), len(self._fkeys))
         self._pods[pod.key] = sp
         self._pod_objs[pod.key] = sp.pod
         self._pending[pod.key] = sp
@@ -369,7 +371,7 @@ class SimCluster(SchedulePass):
         sp.placement = placement if placement is not None else self._state.place(req, slot)
         sp.node = sn
         sp.bound_at = now
-        sp.pod = self._pod_objs[sp.pod.key] = replace(sp.pod, node_name=sn.name, phase="Running")
+        sp.pod = self._pod_objs[sp.pod.key] = placed(sp.pod, sn.name, "Running")
         del self._pending[sp.pod.key]
         self._pending_gpu_milli -= _gpu_milli(sp.pod)
         if sp.deadline is not None:
@@ -414,7 +416,7 @@ class SimCluster(SchedulePass):
 
     def _repend(self, sp: SimPod, reason: str, *, by_controller: bool) -> None:
         node = self._unbind(sp)
-        sp.pod = self._pod_objs[sp.pod.key] = replace(sp.pod, node_name=None, phase="Pending")
+        sp.pod = self._pod_objs[sp.pod.key] = placed(sp.pod, None, "Pending")
         sp.pending_since = self.engine.now()
         self._pending[sp.pod.key] = sp
         self._pending_gpu_milli += _gpu_milli(sp.pod)

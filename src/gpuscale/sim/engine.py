@@ -10,11 +10,11 @@ from the scenario seed, so that turning on (say) API faults does not change the 
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from heapq import heappop, heappush
 from typing import Any
 
 from gpuscale.errors import InputError
@@ -75,22 +75,26 @@ class Engine:
 
     def at(self, t: float, fn: Callable[..., object], *args: Any) -> Timer:
         """Run ``fn(*args)`` at absolute time ``t`` (not before now)."""
-        if math.isnan(t):
-            raise ValueError("event time is NaN")
-        timer = Timer(max(t, self.clock.now()), fn, args)
-        self._seq += 1
-        heapq.heappush(self._heap, (timer.time, self._seq, timer))
-        return timer
+        return self._push(t, fn, args)
 
     def after(self, delay: float, fn: Callable[..., object], *args: Any) -> Timer:
         """Run ``fn(*args)`` ``delay`` seconds from now."""
-        return self.at(self.clock.now() + max(0.0, delay), fn, *args)
+        return self._push(self.clock._now + (delay if delay > 0.0 else 0.0), fn, args)
+
+    def _push(self, t: float, fn: Callable[..., object], args: tuple[Any, ...]) -> Timer:
+        if t != t:
+            raise ValueError("event time is NaN")
+        now = self.clock._now
+        timer = Timer(t if t >= now else now, fn, args)
+        self._seq = seq = self._seq + 1
+        heappush(self._heap, (timer.time, seq, timer))
+        return timer
 
     def peek(self) -> float | None:
         """Time of the next live event, or None if there is none."""
         heap = self._heap
         while heap and heap[0][2].cancelled:
-            heapq.heappop(heap)
+            heappop(heap)
         return heap[0][0] if heap else None
 
     def pending(self) -> int:
@@ -109,10 +113,11 @@ class Engine:
             due, _, timer = heap[0]
             if due > t or (due == t and not inclusive):
                 break
-            heapq.heappop(heap)
+            heappop(heap)
             if timer.cancelled:
                 continue
-            clock.advance_to(due)
+            if due > clock._now:  # SimClock.advance_to, inline (once per event)
+                clock._now = due
             timer.fn(*timer.args)
             n += 1
         clock.advance_to(t)

@@ -30,8 +30,10 @@ class SchedulePass:
         self._new_pending: set[str] = set()
         self._cap_gen = 0
         self._passed_gen = -1
-        self._failed: set[tuple[object, ...]] = set()
-        """(request, signature) pairs that fitted no row at the end of the last scheduling pass."""
+        self._fkeys: dict[tuple[object, ...], int] = {}
+        """(request, signature) -> its number (``SimPod.fkey``), given at a pod's arrival."""
+        self._failed: set[int] = set()
+        """(request, signature) pairs (by number) that fitted no row at the end of the last scheduling pass."""
         self._grown: set[int] = set()
         """Rows whose room or label/taint mask may have grown since the last pass (the only rows where a pair in
         ``_failed`` can fit now: binds only take room)."""
@@ -55,12 +57,13 @@ class SchedulePass:
         self._new_pending.clear()
         if not todo:
             return 0
-        todo.sort(key=lambda sp: (-sp.pod.priority, sp.pending_since, sp.seq))
-        failed: set[tuple[object, ...]] = set()
+        if len(todo) > 1:
+            todo.sort(key=_pass_order)
+        failed: set[int] = set()
         known, grown = self._failed, sorted(self._grown)
         self._failed, self._grown = failed, set()
         gangs_seen: set[str] = set()
-        examined: set[tuple[object, ...]] = set()
+        examined: set[int] = set()
         bound = 0
         for sp in todo:
             if sp.pod.key not in self._pending:
@@ -70,7 +73,7 @@ class SchedulePass:
                     gangs_seen.add(sp.pod.gang)
                     bound += self._schedule_gang(sp.pod.gang)
                 continue
-            fkey = (sp.pod.request, sp.sig)
+            fkey = sp.fkey
             if fkey in failed:
                 continue
             examined.add(fkey)
@@ -87,16 +90,14 @@ class SchedulePass:
             self._carry_failures(known - examined, grown, failed)
         return bound
 
-    def _carry_failures(
-        self, unexamined: set[tuple[object, ...]], grown: list[int], failed: set[tuple[object, ...]]
-    ) -> None:
+    def _carry_failures(self, unexamined: set[int], grown: list[int], failed: set[int]) -> None:
         """Keep in ``failed`` the failures of the last pass that this pass did not look at (a pass of new pods only)
         and that still fit none of the rows grown since, for pods still pending: they still fit no row (binds only
         take room), and the next pass need not look for a node for them again."""
         if not unexamined:
             return
         for sp in self._pending.values():
-            fkey = (sp.pod.request, sp.sig)
+            fkey = sp.fkey
             if fkey in unexamined:
                 unexamined.discard(fkey)
                 if not self._fits_any(sp.pod.request, sp.sig, grown):
@@ -115,7 +116,9 @@ class SchedulePass:
     def _choose(self, sp: SimPod) -> int | None:
         req = sp.pod.request
         ok = self._state.fits(req) & self._mask(sp.sig, sp.pod)
-        cands: IntArray = np.flatnonzero(ok).astype(np.int64)
+        cands: IntArray = ok.nonzero()[0]  # the rows are one-dimensional
+        if cands.dtype != np.int64:
+            cands = cands.astype(np.int64)
         return select(self._scorer, self._state, req, cands)
 
     def _schedule_gang(self, gang: str) -> int:
@@ -135,3 +138,8 @@ class SchedulePass:
         for sp, slot, pl in taken:
             self._bind(sp, slot, pl)
         return len(taken)
+
+
+def _pass_order(sp: SimPod) -> tuple[int, float, int]:
+    """Higher priority first, then first come first served."""
+    return (-sp.pod.priority, sp.pending_since, sp.seq)
