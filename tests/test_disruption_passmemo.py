@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from gpuscale.core.disruption import plan_disruption
+from gpuscale.core.disruption import DisruptionPlan, plan_disruption
 from gpuscale.core.disruption.passmemo import PassMemo, rows_of
 from gpuscale.core.model import (
     CapacityType,
@@ -140,7 +140,7 @@ class _Walk:
             self.nodes = {k: replace(n) for k, n in self.nodes.items()}  # new objects, same values
         self.now += r.choice([0.0, 1.0, 10.0, 60.0])
 
-    def plan(self, memo: PassMemo | None):  # type: ignore[no-untyped-def]
+    def plan(self, memo: PassMemo | None) -> DisruptionPlan:
         cands = None if self.candidates is None else self.candidates & set(self.nodes)
         return plan_disruption(
             list(self.nodes.values()),
@@ -185,7 +185,7 @@ def test_memo_is_used_over_random_walks() -> None:
     assert hits > passes // 10  # a memo that never answers would pass the test above
 
 
-def _plan(nodes: list[Node], pods: list[Pod], memo: PassMemo | None, now: float = T0):  # type: ignore[no-untyped-def]
+def _plan(nodes: list[Node], pods: list[Pod], memo: PassMemo | None, now: float = T0) -> DisruptionPlan:
     return plan_disruption(
         nodes, pods, [POOL], CATALOG, now, since={n.name: 0.0 for n in nodes}, candidates={"a1"}, memo=memo
     )
@@ -194,7 +194,7 @@ def _plan(nodes: list[Node], pods: list[Pod], memo: PassMemo | None, now: float 
 POOL = _pool()
 
 
-def _twice(nodes: list[Node], before: list[Pod], after: list[Pod]):  # type: ignore[no-untyped-def]
+def _twice(nodes: list[Node], before: list[Pod], after: list[Pod]) -> tuple[DisruptionPlan, PassMemo]:
     """The plan for ``after`` with a memo that saw ``before`` (checked against a pass without it), and the memo."""
     memo = PassMemo()
     first = _plan(nodes, before, memo)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -217,9 +217,9 @@ def server() -> Iterator[kube_api.KubeAPIServer]:
         yield srv
 
 
-def _wait(pred: object, timeout: float = 15.0) -> None:
+def _wait(pred: Callable[[], object], timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
-    while not pred():  # type: ignore[operator]
+    while not pred():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.05)
 

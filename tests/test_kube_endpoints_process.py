@@ -7,7 +7,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -36,9 +36,9 @@ def _get(url: str) -> tuple[int, str]:
         return err.code, err.read().decode()
 
 
-def _wait(pred: object, timeout: float = 10.0) -> None:
+def _wait(pred: Callable[[], object], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
-    while not pred():  # type: ignore[operator]
+    while not pred():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.02)
 

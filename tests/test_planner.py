@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping
 
 from builders import OD, SPOT, catalog, default_catalog, itype, node, pod, pool, req, taint, term, tol
 from gpuscale.core import labels as L
-from gpuscale.core.model import CapacityType, OfferingKey, PoolLimits, Snapshot
+from gpuscale.core.model import CapacityType, Catalog, Node, NodePool, OfferingKey, Pod, PoolLimits, Snapshot
 from gpuscale.core.plan import Blocked, BlockReason, PlannerConfig, ScaleUpPlan
 from gpuscale.core.planner import plan
 from gpuscale.core.resources import Resources
@@ -14,7 +15,13 @@ from gpuscale.core.resources import Resources
 GREEDY = PlannerConfig(exact_solver=False)
 
 
-def snap(pods, nodes=(), pools=None, cat=None, unavailable=None) -> Snapshot:  # type: ignore[no-untyped-def]
+def snap(
+    pods: Iterable[Pod],
+    nodes: Iterable[Node] = (),
+    pools: Iterable[NodePool] | None = None,
+    cat: Catalog | None = None,
+    unavailable: Mapping[OfferingKey, float] | None = None,
+) -> Snapshot:
     return Snapshot(tuple(pods), tuple(nodes), tuple(pools or (pool(),)), cat or default_catalog(), unavailable or {})
 
 

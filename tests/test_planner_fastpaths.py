@@ -14,8 +14,10 @@ from builders import itype, node, pod, pool
 from gpuscale.core.model import Catalog, Snapshot
 from gpuscale.core.plan import PlannerConfig, ScaleUpPlan
 from gpuscale.core.planner import driver, existing, milp, packer
-from gpuscale.core.scoring import base, fillfrag, make_scorer, select
+from gpuscale.core.resources import Request
+from gpuscale.core.scoring import Scorer, base, fillfrag, make_scorer, select
 from gpuscale.core.scoring.fillfrag import FillFrag
+from gpuscale.core.state import ClusterState, IntArray
 from test_planner_properties import snapshots
 
 CONFIGS = (PlannerConfig(), PlannerConfig(exact_solver=False, scorer="best-fit"))
@@ -76,7 +78,7 @@ def test_one_candidate_node_is_taken_without_scoring(free_nodes: int, monkeypatc
     asked: list[int] = []
     real_select = select
 
-    def counting(scorer, state, req, cand):  # type: ignore[no-untyped-def]
+    def counting(scorer: Scorer, state: ClusterState, req: Request, cand: IntArray) -> int | None:
         asked.append(int(cand.size))
         return real_select(scorer, state, req, cand)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from builders import pod, req, taint, term, tol
+from gpuscale.core.model import Taint, Toleration
 from gpuscale.core.predicates import (
     FitFailureKind,
     match_affinity,
@@ -78,7 +79,7 @@ def test_node_selector(selector: dict[str, str], expected: bool) -> None:
         (tol("gpu", "Equal", "yes", effect="PreferNoSchedule"), taint("gpu", "yes", "PreferNoSchedule"), True),
     ],
 )
-def test_tolerations(toleration, the_taint, expected: bool) -> None:  # type: ignore[no-untyped-def]
+def test_tolerations(toleration: Toleration, the_taint: Taint, expected: bool) -> None:
     assert tolerates(toleration, the_taint) is expected
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -273,10 +274,10 @@ def test_scenario_errors_name_the_field() -> None:
         run_inference(scen, scen.inference, "keda-dcgm")
 
 
-def test_compare_command_on_the_shipped_example(tmp_path: pytest.TempPathFactory) -> None:
+def test_compare_command_on_the_shipped_example(tmp_path: Path) -> None:
     assert "inference-budget.yaml" in EXAMPLES
     text = example("inference-budget.yaml").read_text().replace("duration: 1d", "duration: 3h")
-    path = tmp_path / "inf.yaml"  # type: ignore[operator]
+    path = tmp_path / "inf.yaml"
     path.write_text(text)
     runner = CliRunner()
     res = runner.invoke(main, ["compare", str(path)])
@@ -285,8 +286,8 @@ def test_compare_command_on_the_shipped_example(tmp_path: pytest.TempPathFactory
     assert "GPU budget arbiter" in res.output and "embed-small" in res.output
     res = runner.invoke(main, ["compare", str(path), "--policies", "hpa-cpu", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
-    assert json.loads((tmp_path / "compare.json").read_text())[0]["policy"] == "hpa-cpu"  # type: ignore[operator]
-    assert (tmp_path / "compare.png").stat().st_size > 1000  # type: ignore[operator]
+    assert json.loads((tmp_path / "compare.json").read_text())[0]["policy"] == "hpa-cpu"
+    assert (tmp_path / "compare.png").stat().st_size > 1000
     res = runner.invoke(main, ["compare", str(path), "--json", "--policies", "keda-dcgm"])
     assert res.exit_code == 0, res.output
     rows = json.loads(res.output)
@@ -299,8 +300,8 @@ def test_compare_command_on_the_shipped_example(tmp_path: pytest.TempPathFactory
     assert res.exit_code == 2 and "hpa-cpu" in res.output
 
 
-def test_simulate_runs_the_budget_policy(tmp_path: pytest.TempPathFactory) -> None:
-    path = tmp_path / "one.yaml"  # type: ignore[operator]
+def test_simulate_runs_the_budget_policy(tmp_path: Path) -> None:
+    path = tmp_path / "one.yaml"
     path.write_text(ONE.replace("duration: 1h", "duration: 20m"))
     runner = CliRunner()
     res = runner.invoke(main, ["simulate", str(path), "--json"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpuscale.errors import InputError
@@ -81,7 +83,7 @@ def test_alibaba_2025_inference_trace() -> None:
     assert alibaba2025_file().name.endswith(".csv.gz")
 
 
-def test_alibaba_bad_rows_name_the_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_alibaba_bad_rows_name_the_line(tmp_path: Path) -> None:
     f = tmp_path / "t.csv"
     f.write_text(
         "instance_sn,role,app_name,cpu_request,gpu_request,memory_request,creation_time,scheduled_time,deletion_time\n"
