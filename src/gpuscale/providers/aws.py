@@ -198,8 +198,9 @@ class _Cluster:
     version: str
 
 
-class AwsProvider:
-    """The :class:`~gpuscale.providers.base.Provider` for EKS nodes launched by EC2 fleets (module docstring)."""
+class AwsBase:
+    """What both AWS modes start with: the config, the clock, the clients (one session), the lock, the interruption
+    queue (when configured) and the instances gpuscale deleted (their queue events are its own doing)."""
 
     name = PROVIDER_NAME
 
@@ -212,17 +213,26 @@ class AwsProvider:
             session, region=config.region, endpoint_url=config.endpoint_url, timeout_s=config.timeout_s
         )
         self._lock = threading.RLock()
-        self._subnet_zones: dict[str, str] | None = None
-        self._cluster: _Cluster | None = None
-        self._templates: dict[str, str] = {}
         self._queue = (
             InterruptionQueue(self.aws, config.interruption_queue, config.region, self.clock)
             if config.interruption_queue
             else None
         )
+        self._deleted: set[str] = set()
+
+
+class AwsProvider(AwsBase):
+    """The :class:`~gpuscale.providers.base.Provider` for EKS nodes launched by EC2 fleets (module docstring)."""
+
+    def __init__(
+        self, config: AwsConfig, *, session: boto3.session.Session | None = None, clock: Clock | None = None
+    ) -> None:
+        super().__init__(config, session=session, clock=clock)
+        self._subnet_zones: dict[str, str] | None = None
+        self._cluster: _Cluster | None = None
+        self._templates: dict[str, str] = {}
         self._updates: list[OfferingUpdate] = []
         self._events: list[ProviderEvent] = []
-        self._deleted: set[str] = set()
         self._requests: dict[str, str] = {}
 
     def __repr__(self) -> str:

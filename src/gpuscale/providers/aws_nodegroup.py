@@ -16,8 +16,6 @@ queue configured (spot node groups), ``poll_errors`` reports its events for the 
 from __future__ import annotations
 
 import logging
-import re
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,29 +23,16 @@ from typing import Any
 
 import boto3
 
-from gpuscale.clock import Clock, SystemClock
+from gpuscale.clock import Clock
 from gpuscale.core.model import CapacityType
 from gpuscale.errors import InvalidProviderRequest, NotFound, QuotaExceeded
-from gpuscale.providers._support import digest_key
-from gpuscale.providers.aws import ALIVE_STATES, INSTANCE_STATES, AwsConfig
-from gpuscale.providers.aws_errors import PROVIDER_NAME, AwsClients
-from gpuscale.providers.aws_queue import InterruptionQueue
+from gpuscale.providers._ledger import LEDGER_LABEL_PREFIX, attribute, next_seq, split_ledger, tag_key
+from gpuscale.providers.aws import ALIVE_STATES, INSTANCE_STATES, AwsBase, AwsConfig
 from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, ProviderCapabilities, ProviderEvent
 
 __all__ = ["AwsNodeGroupProvider"]
 
 log = logging.getLogger(__name__)
-
-_LEDGER_VALUE = re.compile(r"^(\d+)\.(\d+)$")
-_KEY = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-LEDGER_LABEL_PREFIX = "requests.gpuscale.io/"
-
-
-def tag_key(request_id: str) -> str:
-    """A request id as a label name: itself when a valid one of at most 36 characters, else a digest."""
-    if len(request_id) <= 36 and _KEY.match(request_id):
-        return request_id
-    return digest_key(request_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,27 +48,14 @@ class _Group:
     asg: str
 
 
-class AwsNodeGroupProvider:
+class AwsNodeGroupProvider(AwsBase):
     """The :class:`~gpuscale.providers.base.Provider` for EKS managed node groups (module docstring)."""
-
-    name = PROVIDER_NAME
 
     def __init__(
         self, config: AwsConfig, *, session: boto3.session.Session | None = None, clock: Clock | None = None
     ) -> None:
-        self.config = config
-        self.clock: Clock = clock or SystemClock()
-        self.aws = AwsClients(
-            session, region=config.region, endpoint_url=config.endpoint_url, timeout_s=config.timeout_s
-        )
-        self._lock = threading.RLock()
+        super().__init__(config, session=session, clock=clock)
         self._request_ids: dict[str, str] = {}
-        self._deleted: set[str] = set()
-        self._queue = (
-            InterruptionQueue(self.aws, config.interruption_queue, config.region, self.clock)
-            if config.interruption_queue
-            else None
-        )
 
     def __repr__(self) -> str:
         return f"AwsNodeGroupProvider(cluster={self.config.cluster_name!r}, nodegroups={dict(self.config.nodegroups)})"
@@ -124,7 +96,7 @@ class AwsNodeGroupProvider:
                     f"{request.count} more do not fit",
                     provider=self.name,
                 )
-            seq = max((s for s, _ in group.ledger.values()), default=0) + 1
+            seq = next_seq(group.ledger)
             self._update(
                 group,
                 scalingConfig={"minSize": group.min_size, "maxSize": group.max_size, "desiredSize": desired},
@@ -193,11 +165,7 @@ class AwsNodeGroupProvider:
             f"describe node group {name}",
             lambda: self.aws("eks").describe_nodegroup(clusterName=self.config.cluster_name, nodegroupName=name),
         )["nodegroup"]
-        ledger: dict[str, tuple[int, int]] = {}
-        for k, v in (raw.get("labels") or {}).items():
-            m = _LEDGER_VALUE.match(str(v))
-            if k.startswith(LEDGER_LABEL_PREFIX) and m:
-                ledger[k[len(LEDGER_LABEL_PREFIX) :]] = (int(m.group(1)), int(m.group(2)))
+        ledger, _ = split_ledger({str(k): str(v) for k, v in (raw.get("labels") or {}).items()})
         scaling = raw.get("scalingConfig") or {}
         asgs = (raw.get("resources") or {}).get("autoScalingGroups") or [{}]
         return _Group(
@@ -245,15 +213,7 @@ class AwsNodeGroupProvider:
 
     @staticmethod
     def _owners(group: _Group, instances: list[dict[str, Any]]) -> dict[str, str]:
-        owners: dict[str, str] = {}
-        i = 0
-        for key, (_, k) in sorted(group.ledger.items(), key=lambda kv: (kv[1][0], kv[0])):
-            for inst in instances[i : i + k]:
-                owners[str(inst["InstanceId"])] = key
-            i += k
-        for inst in instances[i:]:
-            owners[str(inst["InstanceId"])] = ""
-        return owners
+        return attribute(group.ledger, (str(inst["InstanceId"]) for inst in instances))
 
     def _nodes(self, group: _Group) -> list[CloudNode]:
         instances = self._instances(group)

@@ -300,29 +300,8 @@ class GcpProvider(SlotProvider["_PoolView"]):
                 None,
             )
             if vm is not None and pool is not None:
-                if vm.name in self._deleting:
-                    return
-                group = next((g for z, g in pool.groups if z == vm.zone), None)
-                if group is None:
-                    return
-                op = call(
-                    f"delete VM {vm.name}",
-                    lambda: self._migs.delete_instances_unary(
-                        project=self.config.project,
-                        zone=vm.zone,
-                        instance_group_manager=group,
-                        instance_group_managers_delete_instances_request_resource=(
-                            compute_v1.InstanceGroupManagersDeleteInstancesRequest(
-                                instances=[vm.self_link], skip_instances_on_validation_error=True
-                            )
-                        ),
-                        retry=None,
-                        timeout=self.config.timeout_s,
-                    ),
-                )
-                self._deleting.add(vm.name)
-                self._ops.append(_Op("compute", op.name, vm.zone, pool_id, "delete"))
-                log.info("gcp: deleting VM %s of pool %s (node %s)", vm.name, pool_id, node_id)
+                if vm.name not in self._deleting and self._delete_vm(pool, vm):
+                    log.info("gcp: deleting VM %s of pool %s (node %s)", vm.name, pool_id, node_id)
                 return
             slots = self._slots.get(key)
             if slots is not None and slots.pool == pool_id and slot in slots.open:
@@ -436,26 +415,33 @@ class GcpProvider(SlotProvider["_PoolView"]):
                 self._ops.append(_Op("compute", op.name, vm.zone, pool.name, "label"))
             elif self._cancelled.get(pool.name, 0) > 0:
                 self._cancelled[pool.name] -= 1
-                group = next((g for z, g in pool.groups if z == vm.zone), None)
-                if group is not None:
+                if self._delete_vm(pool, vm):
                     log.info("gcp: deleting VM %s of pool %s: no launch wants it", vm.name, pool.name)
-                    op = call(
-                        f"delete VM {vm.name}",
-                        lambda v=vm, g=group: self._migs.delete_instances_unary(  # type: ignore[misc]
-                            project=self.config.project,
-                            zone=v.zone,
-                            instance_group_manager=g,
-                            instance_group_managers_delete_instances_request_resource=(
-                                compute_v1.InstanceGroupManagersDeleteInstancesRequest(
-                                    instances=[v.self_link], skip_instances_on_validation_error=True
-                                )
-                            ),
-                            retry=None,
-                            timeout=self.config.timeout_s,
-                        ),
+
+    def _delete_vm(self, pool: _PoolView, vm: _Vm) -> bool:
+        """Delete one VM through its MIG's ``deleteInstances`` (which lowers the group's target size too); False
+        when the pool has no group in the VM's zone."""
+        group = next((g for z, g in pool.groups if z == vm.zone), None)
+        if group is None:
+            return False
+        op = call(
+            f"delete VM {vm.name}",
+            lambda: self._migs.delete_instances_unary(
+                project=self.config.project,
+                zone=vm.zone,
+                instance_group_manager=group,
+                instance_group_managers_delete_instances_request_resource=(
+                    compute_v1.InstanceGroupManagersDeleteInstancesRequest(
+                        instances=[vm.self_link], skip_instances_on_validation_error=True
                     )
-                    self._deleting.add(vm.name)
-                    self._ops.append(_Op("compute", op.name, vm.zone, pool.name, "delete"))
+                ),
+                retry=None,
+                timeout=self.config.timeout_s,
+            ),
+        )
+        self._deleting.add(vm.name)
+        self._ops.append(_Op("compute", op.name, vm.zone, pool.name, "delete"))
+        return True
 
     def _first_seen(self, vm: _Vm) -> float:
         return self._seen.setdefault(vm.name, vm.created)

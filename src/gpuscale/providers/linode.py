@@ -75,7 +75,8 @@ from gpuscale.errors import (
     RateLimited,
     TransientProviderError,
 )
-from gpuscale.providers._support import digest_key, scrub_secrets
+from gpuscale.providers._ledger import LEDGER_LABEL_PREFIX, attribute, ledger_labels, next_seq, split_ledger, tag_key
+from gpuscale.providers._support import scrub_secrets
 from gpuscale.providers.base import (
     CloudNode,
     CloudNodeState,
@@ -106,27 +107,16 @@ MISSING_TOKEN_MESSAGE = "LINODE_TOKEN environment variable is not set"
 MANAGED_TAG = "gpuscale"
 POOL_TAG_PREFIX = "gpuscale-pool:"
 REQUEST_TAG_PREFIX = "gpuscale-req:"
-LEDGER_LABEL_PREFIX = "requests.gpuscale.io/"
 DEFAULT_BASE_URL = "https://api.linode.com/v4"
 DEFAULT_MAX_NODE_POOL_COUNT = 10
 DEFAULT_MAX_NODES = 100
 MAX_POOL_SIZE = 100
 """LKE's maximum ``count`` of one node pool."""
 
-_KEY_MAX = 36
-_NAME_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_LEDGER_VALUE_RE = re.compile(r"^(\d+)\.(\d+)$")
 _QUOTA_RE = re.compile(r"limit|quota|maximum number", re.IGNORECASE)
 _CAPACITY_RE = re.compile(r"no (capacity|availability)|not available|unavailable|sold out", re.IGNORECASE)
 
 T = TypeVar("T")
-
-
-def tag_key(value: str) -> str:
-    """The form of a request id or pool name used in tags and ledger labels (see the module docstring)."""
-    if len(value) <= _KEY_MAX and _NAME_RE.match(value):
-        return value
-    return digest_key(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,16 +218,7 @@ class _Pool:
 
     def owners(self) -> dict[str, str]:
         """node id -> request key ('' for nodes beyond the ledger)."""
-        nodes = sorted(self.nodes, key=_Node.order)
-        out: dict[str, str] = {}
-        i = 0
-        for key, (_, k) in sorted(self.ledger.items(), key=lambda kv: (kv[1][0], kv[0])):
-            for node in nodes[i : i + k]:
-                out[node.id] = key
-            i += k
-        for node in nodes[i:]:
-            out[node.id] = ""
-        return out
+        return attribute(self.ledger, (n.id for n in sorted(self.nodes, key=_Node.order)))
 
 
 def _taint_to_api(t: Taint) -> dict[str, str]:
@@ -536,8 +517,7 @@ class LinodeProvider:
         new_count = pool.count + count
         if new_count <= pool.count:  # the one place a count is written: it only ever goes up
             raise AssertionError("a pool's count is never lowered")
-        seq = max((s for s, _ in pool.ledger.values()), default=0) + 1
-        ledger = {**pool.ledger, key: (seq, count)}
+        ledger = {**pool.ledger, key: (next_seq(pool.ledger), count)}
         body = {"count": new_count, "labels": self._labels_with_ledger(pool.labels, ledger)}
         obj = LKENodePool(self._client, pool.id, self.config.cluster_id)
         raw = self._client.put(LKENodePool.api_endpoint, model=obj, data=body)
@@ -547,7 +527,7 @@ class LinodeProvider:
 
     @staticmethod
     def _labels_with_ledger(labels: Mapping[str, str], ledger: Mapping[str, tuple[int, int]]) -> dict[str, str]:
-        return {**labels, **{LEDGER_LABEL_PREFIX + k: f"{seq}.{n}" for k, (seq, n) in ledger.items()}}
+        return {**labels, **ledger_labels(ledger)}
 
     def _put_labels(self, pool: _Pool, ledger: Mapping[str, tuple[int, int]]) -> None:
         """Rewrite the ledger. Sends labels only: never ``count`` (lowering it deletes a node LKE chooses)."""
@@ -589,15 +569,7 @@ class LinodeProvider:
     @staticmethod
     def _view(obj: Any) -> _Pool:
         raw_labels = getattr(obj.labels, "dict", obj.labels) or {}
-        raw_labels = {str(k): str(v) for k, v in dict(raw_labels).items()}
-        ledger: dict[str, tuple[int, int]] = {}
-        labels: dict[str, str] = {}
-        for k, v in raw_labels.items():
-            m = _LEDGER_VALUE_RE.match(v)
-            if k.startswith(LEDGER_LABEL_PREFIX) and m:
-                ledger[k[len(LEDGER_LABEL_PREFIX) :]] = (int(m.group(1)), int(m.group(2)))
-            else:
-                labels[k] = v
+        ledger, labels = split_ledger({str(k): str(v) for k, v in dict(raw_labels).items()})
         taints = tuple(
             Taint(key=str(t.key), effect=TaintEffect(str(t.effect)), value=str(t.value or "")) for t in obj.taints or ()
         )
