@@ -203,13 +203,12 @@ def _run(
     idle_step = interval
     next_progress = 0.0
 
-    def version() -> tuple[int, int]:
-        return (cluster.version, cloud.version)
-
+    clock = engine.clock  # read once per step (Engine.now() would ask it through one more call)
+    record_series = cfg.record_series
     wake_owner: object = None
     wake_fn: Callable[[], float | None] | None = None
     while True:
-        now = engine.now()
+        now = clock.now()
         if now >= end:
             break
         if controller is not wake_owner:  # looked up once per controller (a crashed one is rebuilt)
@@ -229,14 +228,14 @@ def _run(
         if t_next is None:  # no event, no reconcile, no timer
             break
         engine.run_until(t_next if t_next < end else end)
-        now = engine.now()
-        v = version()
+        now = clock.now()
+        v = (cluster.version, cloud.version)
         if v != seen_version:
             watched = v[0] != seen_version[0] or cloud.has_events()
             seen_version = v
             last_change = now
             idle_step = interval
-            if cfg.record_series:
+            if record_series:
                 series.record(now, cloud, cluster)
             # cluster changes and provider events wake the controller (watches); other cloud state is polled
             due = max(now, last_reconcile + (interval if watched else max(interval, cfg.cloud_poll_s)))
@@ -263,11 +262,11 @@ def _run(
             reconcile_times.append(now)
             last_reconcile = now
             next_reconcile = now + interval if crashed else None
-            v = version()
+            v = (cluster.version, cloud.version)
             if v != seen_version:
                 seen_version = v
                 last_change = now
-                if cfg.record_series:
+                if record_series:
                     series.record(now, cloud, cluster)
                 if wake_fn is None or crashed:
                     # a controller without timers gets a follow-up look at what its own actions changed; one with
