@@ -16,6 +16,7 @@ from gpuscale.core.disruption.workcost import WorkCostRule
 from gpuscale.core.emptywait import EmptyWaitSpec
 from gpuscale.core.headroom import HeadroomSpec
 from gpuscale.core.nodeclaim import DEFAULT_DEADLINES, Deadlines
+from gpuscale.core.plan import DEFAULT_GANG_TOLERANCE as GANG_TOLERANCE
 from gpuscale.core.plan import PlannerConfig
 from gpuscale.core.reconcile import LaunchRules, Rules
 from gpuscale.core.scoring import SCORERS
@@ -117,9 +118,9 @@ class ControllerConfig:
         policy decides): ``batchIdle``, ``batchMax``, ``unavailableTtl``, ``gpuInitUnavailableTtl``, ``quotaBackoff``,
         ``maxBackoff``, ``retryBase``, ``replanInterval``, ``disruptionInterval``, ``consolidationRefresh``,
         ``consolidationRetry``, ``lostGrace``, ``orphanGrace``, ``solverTimeLimit``. Others: ``maxReplans``,
-        ``consolidation``, ``replaceNodes``, ``requestIdPrefix``, ``scorer``, ``exactSolver``, ``deadlines``
-        (``launch``, ``registration``, ``gpuInit``) and ``poolDeadlines`` (pool name -> deadlines). The optional
-        policies (off by default): ``evictionCost``, ``headroom``, ``emptyWait``
+        ``consolidation``, ``replaceNodes``, ``requestIdPrefix``, ``scorer``, ``exactSolver``, ``gangPacking``,
+        ``deadlines`` (``launch``, ``registration``, ``gpuInit``) and ``poolDeadlines`` (pool name -> deadlines). The
+        optional policies (off by default): ``evictionCost``, ``headroom``, ``emptyWait``
         (:mod:`~gpuscale.controller.policyopts`), ``anticipate`` (:mod:`~gpuscale.controller.anticipating`),
         ``evictMaxPodAge``, ``repack``, ``spotToSpot``
         (:mod:`~gpuscale.controller.repackopts`) and ``packOntoEmpty``. ``name``, ``reconcileInterval`` and
@@ -153,6 +154,8 @@ class ControllerConfig:
                 planner["scorer"] = str(value)
             elif key == "exactSolver":
                 planner["exact_solver"] = _bool(value, path)
+            elif key == "gangPacking":
+                planner["gang_tolerance"] = _gang_packing(value, path)
             elif key == "solverTimeLimit":
                 planner["solver_time_limit_s"] = _duration(value, path)
             elif key == "deadlines":
@@ -182,6 +185,7 @@ class ControllerConfig:
                 known += [
                     "scorer",
                     "exactSolver",
+                    "gangPacking",
                     "solverTimeLimit",
                     "deadlines",
                     "poolDeadlines",
@@ -248,6 +252,23 @@ def _bool(value: object, where: str) -> bool:
     if not isinstance(value, bool):
         raise InputError("must be true or false", where=where, value=value, fix="write true or false")
     return value
+
+
+def _gang_packing(value: object, where: str) -> float | None:
+    """``gangPacking``: ``true`` (the default: 5 %), ``false`` (cheapest nodes only) or ``{maxExtraCost: F}``, the
+    fraction of the cheapest price per member a gang may pay more to sit on fewer new nodes (0 to 1)."""
+    fix = "write true, false or {maxExtraCost: 0.05} (a fraction from 0 to 1)"
+    if isinstance(value, bool):
+        return GANG_TOLERANCE if value else None
+    if not isinstance(value, Mapping):
+        raise InputError("must be true, false or a mapping", where=where, value=value, fix=fix)
+    for k in value:
+        if k != "maxExtraCost":
+            raise InputError("unknown key", where=f"{where}.{k}", value=k, fix="the only key is maxExtraCost")
+    raw = value.get("maxExtraCost", GANG_TOLERANCE)
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw) or not 0 <= raw <= 1:
+        raise InputError("must be a number from 0 to 1", where=f"{where}.maxExtraCost", value=raw, fix=fix)
+    return float(raw)
 
 
 def _deadlines(value: object, where: str) -> Deadlines:

@@ -95,6 +95,10 @@ class ScaleUpPlan:
         }
 
 
+DEFAULT_GANG_TOLERANCE = 0.05
+"""The extra price per member a gang may pay by default to sit on fewer new nodes (5 %)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PlannerConfig:
     """Knobs of the scale-up planner.
@@ -113,3 +117,7 @@ class PlannerConfig:
     """Above this many pod classes on new nodes the integer program is skipped (the greedy plan stands)."""
     candidate_types: int = 12
     """How many of the best stand-alone instance types the greedy packer fully evaluates per new-node pattern."""
+    gang_tolerance: float | None = DEFAULT_GANG_TOLERANCE
+    """A gang's members go on as few new nodes as the options within this fraction of the cheapest price per member
+    allow (a gang waits for the slowest of its nodes); None: the cheapest options only. See
+    :mod:`gpuscale.core.planner.gangs`."""

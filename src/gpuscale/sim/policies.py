@@ -147,7 +147,8 @@ def cluster_autoscaler_factory(
 ) -> Controller:
     """A cluster-autoscaler-like controller (see the module docstring)."""
     cfg = _config(config)
-    cfg = dataclasses.replace(cfg, planner=dataclasses.replace(cfg.planner, exact_solver=False), replace_nodes=False)
+    planner_cfg = dataclasses.replace(cfg.planner, exact_solver=False, gang_tolerance=None)
+    cfg = dataclasses.replace(cfg, planner=planner_cfg, replace_nodes=False)
     return Controller(backend, provider, node_groups(pools, catalog), catalog, clock, cfg, planner=least_waste_plan)
 
 
@@ -179,7 +180,9 @@ def karpenter_factory(
 ) -> Controller:
     """A Karpenter-like controller (see the module docstring)."""
     cfg = _config(config)
-    planner_cfg = dataclasses.replace(cfg.planner, exact_solver=False, candidate_types=1, scorer="best-fit")
+    planner_cfg = dataclasses.replace(
+        cfg.planner, exact_solver=False, candidate_types=1, scorer="best-fit", gang_tolerance=None
+    )
     cfg = dataclasses.replace(cfg, planner=planner_cfg)
     return Controller(backend, provider, karpenter_pools(pools), catalog, clock, cfg)
 

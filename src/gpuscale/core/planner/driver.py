@@ -118,16 +118,19 @@ class Planner:
                 singles.append(p)
         for name in sorted(gangs):
             ctx = self._plan_gang(ctx, name, gangs[name], bound_members.get(name, 0))
+        # the gangs' nodes, when packed onto few nodes on purpose, are kept out of the integer program's re-packing
+        kept = len(ctx.groups) if self.config.gang_tolerance is not None else 0
         left = self._place_existing(ctx, singles)
         left = self._pack_new(ctx, left)
         for pod in left:
             ctx.blocked.append(self.explain(ctx, pod))
         groups = ctx.groups
         solver = "greedy"
-        if self.config.exact_solver and groups:
-            improved = improve_with_milp(self.choices, self.classes, self.class_of, self.pods_by_key, ctx, self.config)
+        if self.config.exact_solver and len(groups) > kept:
+            rest = Context(ctx.state, ctx.pool_nodes, ctx.pool_usage, groups[kept:], ctx.placements, ctx.blocked)
+            improved = improve_with_milp(self.choices, self.classes, self.class_of, self.pods_by_key, rest, self.config)
             if improved is not None:
-                groups, solver = improved, "milp"
+                groups, solver = groups[:kept] + improved, "milp"
         return self._result(ctx, groups, solver)
 
     def _plan_gang(self, ctx: Context, name: str, members: list[Pod], bound: int) -> Context:
@@ -144,7 +147,7 @@ class Planner:
             return ctx
         trial = ctx.copy()
         left = self._place_existing(trial, members)
-        left = self._pack_new(trial, left)
+        left = self.packer.pack(trial, left, self.config.gang_tolerance)
         if not left:
             return trial
         why = self.explain(trial, left[0])

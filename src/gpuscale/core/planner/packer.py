@@ -17,6 +17,7 @@ from gpuscale.core.planner.bins import Bin
 from gpuscale.core.planner.classes import PodClass
 from gpuscale.core.planner.context import Context, NewNodes, unbounded
 from gpuscale.core.planner.feasible import ClassOptions
+from gpuscale.core.planner.gangs import fewest_nodes
 from gpuscale.core.planner.options import Option
 
 EPS = 1e-9
@@ -88,8 +89,11 @@ class GreedyPacker:
             return make()
         return _CANDIDATES.get(make, cls.key, objects=(self.table,))
 
-    def pack(self, ctx: Context, pods: Sequence[Pod]) -> list[Pod]:
-        """Greedy pattern packing of ``pods`` onto new nodes. Returns the pods left without a node."""
+    def pack(self, ctx: Context, pods: Sequence[Pod], gang_tolerance: float | None = None) -> list[Pod]:
+        """Greedy pattern packing of ``pods`` onto new nodes. Returns the pods left without a node.
+
+        ``gang_tolerance`` (a gang's members only): prefer the options holding the most members per node within that
+        fraction of the cheapest price per member (:mod:`~gpuscale.core.planner.gangs`)."""
         order: list[PodClass] = []
         remaining: dict[int, list[Pod]] = {}
         for pod in pods:
@@ -102,7 +106,7 @@ class GreedyPacker:
         left: list[Pod] = []
         for cls in order:
             while remaining[cls.index]:
-                choice = self._best_pattern(ctx, cls, remaining, compatible)
+                choice = self._best_pattern(ctx, cls, remaining, compatible, gang_tolerance)
                 if choice is None:
                     left.extend(remaining[cls.index])
                     remaining[cls.index] = []
@@ -127,10 +131,17 @@ class GreedyPacker:
         cls: PodClass,
         remaining: Mapping[int, list[Pod]],
         compatible: _Compatible,
+        gang_tolerance: float | None = None,
     ) -> tuple[Option, dict[int, int]] | None:
         """The cheapest-per-value way to open one node for ``cls`` (filled with whatever else fits)."""
         candidates, unbounded_only = self._candidates(cls)
         n_left = len(remaining[cls.index])
+        if gang_tolerance is not None:
+            few = fewest_nodes(candidates, [(c[6], c[1]) for c in candidates], n_left, gang_tolerance)
+            if len(few) < len(candidates):
+                found = self._search(ctx, cls, few, remaining, compatible.table())
+                if found is not None:
+                    return found[0], found[2]
         if unbounded_only and self.table is not None and not any(v for k, v in remaining.items() if k != cls.index):
 
             def search() -> tuple[Option, int] | None:
