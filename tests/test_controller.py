@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from gpuscale.controller.backend import Event, PodDisruptionBudget
+from gpuscale.controller.backend import ClusterBackend, Event, PodDisruptionBudget
 from gpuscale.controller.loop import Controller, ControllerConfig, EventKind, make_controller
 from gpuscale.core import labels as L
 from gpuscale.core.disruption import SPOT_FALLBACK_LABEL
@@ -34,7 +34,14 @@ from gpuscale.core.nodeclaim import REQUEST_ID_LABEL, ClaimPhase, Deadlines
 from gpuscale.core.plan import PlannerConfig
 from gpuscale.core.resources import Request
 from gpuscale.errors import InputError
-from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, ProviderCapabilities, ProviderEvent
+from gpuscale.providers.base import (
+    CloudNode,
+    CloudNodeState,
+    LaunchRequest,
+    Provider,
+    ProviderCapabilities,
+    ProviderEvent,
+)
 from gpuscale.sim.cloud import CapacityRule, CloudBehaviour, Faults, SimCloud
 from gpuscale.sim.cluster import SimCluster
 from gpuscale.sim.engine import Dist, Engine
@@ -92,12 +99,12 @@ class Harness:
         self.cloud = SimCloud(self.engine, CATALOG, behaviour, seed=seed, listener=self.cluster)
         self.cluster.spot_notices = self.cloud.spot_notices
         self.config = config
-        self.backend: object = self.cluster
-        self.provider: object = self.cloud
+        self.backend: ClusterBackend = self.cluster
+        self.provider: Provider = self.cloud
         self.ctrl = self.new_controller()
 
     def new_controller(self) -> Controller:
-        return Controller(self.backend, self.provider, self.pools, CATALOG, self.engine.clock, self.config)  # type: ignore[arg-type]
+        return Controller(self.backend, self.provider, self.pools, CATALOG, self.engine.clock, self.config)
 
     def add(self, pod: Pod, duration: float = 3600.0) -> None:
         self.cluster.add_pod(pod, duration)

@@ -25,8 +25,8 @@ class StoredHarness(Harness):
     def new_controller(self) -> Controller:
         store = SqliteStore(self.path)
         return Controller(
-            self.backend,  # type: ignore[arg-type]
-            self.provider,  # type: ignore[arg-type]
+            self.backend,
+            self.provider,
             self.pools,
             CATALOG,
             self.engine.clock,

@@ -3,6 +3,8 @@ CRD field, and a simulated cluster whose evicted pod never goes away (stuck Term
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import yaml
 
@@ -131,7 +133,7 @@ class StuckTerminating:
         self.calls: dict[str, list[float]] = {}
         self.refused: set[str] = set()
 
-    def __getattr__(self, name: str) -> object:
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._cluster, name)
 
     def evict(self, pod_key: str) -> bool:

@@ -216,7 +216,7 @@ def _crash_run_with_gprs(
 
     def start() -> GprManager:
         h.ctrl = h.new_controller()
-        return GprManager(GprStore(db), CTL_CATALOG, provider=h.provider, clock=h.engine.clock, engine=h.ctrl)  # type: ignore[arg-type]
+        return GprManager(GprStore(db), CTL_CATALOG, provider=h.provider, clock=h.engine.clock, engine=h.ctrl)
 
     manager = start()
     spec = {"requestName": "a", "gpuShape": "A10", "numberOfGPUs": 1, "exitDuration": "8h"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -129,7 +130,7 @@ class FleetLikeCloud:
         self._cloud = cloud
         self.launches: list[tuple[str, str]] = []
 
-    def __getattr__(self, name: str) -> object:
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._cloud, name)
 
     def launch(self, request: LaunchRequest) -> Sequence[CloudNode]:
