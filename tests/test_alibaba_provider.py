@@ -1,5 +1,5 @@
 """The ACK provider on the real alibabacloud-cs20151215 SDK over HTTP against the fake ACK API, which checks every
-request and response against the SDK's own models and recomputes the ACS3 signature. Its factory (AlibabaFactory) joins
+request and response against the SDK's own models and recomputes the ACS3 signature. Its factory (ALIBABA_FACTORY) joins
 the provider contract in tests/test_provider_contract.py."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import json
 import logging
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +36,7 @@ from gpuscale.providers.alibaba import (
     pool_name,
 )
 from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, ProviderEventKind
-from provider_contract import ContractBackend
-from shared_fake import SharedFake, assert_clean
+from shared_fake import FakeBackend, FakeFactory, SharedFake, checked
 
 CLUSTER = "c-gpu"
 VSWITCHES = {"us-east-1a": ("vsw-a1",), "us-east-1b": ("vsw-b1", "vsw-b2")}
@@ -46,12 +44,7 @@ ITYPE = "ecs.gn7i-c8g1.2xlarge"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "providers" / "alibaba.md"
 
 _SHARED = SharedFake(lambda: FakeAlibabaAPI().start())
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _stop_shared() -> Iterator[None]:
-    yield
-    _SHARED.stop()
+_stop_shared = _SHARED.stopper()
 
 
 def _fake(clock: ManualClock, task_delay_s: float = 0.0, boot_delay_s: float = 0.0) -> FakeAlibabaAPI:
@@ -75,38 +68,26 @@ def _req(rid: str, count: int = 1, zone: str = "us-east-1a", **kw: object) -> La
     return LaunchRequest(rid, "gpu", ITYPE, zone, count=count, labels={"team": "ml"}, **kw)  # type: ignore[arg-type]
 
 
-@dataclass
-class AlibabaBackend:
-    provider: AlibabaProvider
-    fake: FakeAlibabaAPI
-    instance_type: str = ITYPE
-    zone: str = "us-east-1a"
-
+class AlibabaBackend(FakeBackend[AlibabaProvider, FakeAlibabaAPI]):
     def exhaust_capacity(self, instance_type: str) -> None:
         self.fake.no_stock.add(instance_type)
 
     def exhaust_quota(self) -> None:
         self.fake.max_nodes_quota = 0
 
-    def close(self) -> None:
-        assert_clean(self.fake)
+
+def _backend(clock: ManualClock) -> AlibabaBackend:
+    fake = _fake(clock)
+    return AlibabaBackend(_provider(fake, clock), fake, ITYPE, "us-east-1a")
 
 
-class AlibabaFactory:
-    name = "alibaba"
-
-    def __call__(self) -> ContractBackend:
-        clock = ManualClock(1_000.0)
-        fake = _fake(clock)
-        return AlibabaBackend(_provider(fake, clock), fake)
+ALIBABA_FACTORY = FakeFactory("alibaba", _backend)
 
 
 @pytest.fixture
 def env() -> Iterator[tuple[FakeAlibabaAPI, ManualClock]]:
     clock = ManualClock(1_000.0)
-    fake = _fake(clock, task_delay_s=60.0, boot_delay_s=30.0)
-    yield fake, clock
-    assert_clean(fake)
+    yield from checked(_fake(clock, task_delay_s=60.0, boot_delay_s=30.0), clock)
 
 
 def test_pool_has_type_vswitches_labels_taints_spot_limit_and_no_ack_autoscaling(

@@ -1,5 +1,5 @@
 """The GKE provider on the real google-cloud-container / google-cloud-compute SDKs (REST transport) against the fake
-GCP API, which checks every request and response against Google's discovery documents. Its factory (GcpFactory) joins
+GCP API, which checks every request and response against Google's discovery documents. Its factory (GCP_FACTORY) joins
 the provider contract in tests/test_provider_contract.py."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import logging
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -31,20 +30,14 @@ from gpuscale.fakes.gcp_api import FakeGcpAPI, discovery_document
 from gpuscale.providers.base import CloudNodeState, LaunchRequest, ProviderEventKind
 from gpuscale.providers.gcp import API_CALLS, GcpConfig, GcpProvider, machine_spec, pool_name
 from gpuscale.providers.gcp_support import op_error
-from provider_contract import ContractBackend
-from shared_fake import SharedFake, assert_clean
+from shared_fake import FakeBackend, FakeFactory, SharedFake, checked
 
 CLUSTER = "projects/proj-1/locations/us-central1/clusters/gpu-c"
 ZONES = ("us-central1-a", "us-central1-b")
 DOC = Path(__file__).resolve().parents[1] / "docs" / "providers" / "gcp.md"
 
 _SHARED = SharedFake(lambda: FakeGcpAPI().start())
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _stop_shared() -> Iterator[None]:
-    yield
-    _SHARED.stop()
+_stop_shared = _SHARED.stopper()
 
 
 def _fake(clock: ManualClock, **kw: float) -> FakeGcpAPI:
@@ -68,13 +61,7 @@ def _req(
     return LaunchRequest(rid, "gpu", itype, zone, count=count, labels={"team": "ml"}, **kw)  # type: ignore[arg-type]
 
 
-@dataclass
-class GcpBackend:
-    provider: GcpProvider
-    fake: FakeGcpAPI
-    instance_type: str = "n1-standard-8-t4x1"
-    zone: str = "us-central1-a"
-
+class GcpBackend(FakeBackend[GcpProvider, FakeGcpAPI]):
     def exhaust_capacity(self, instance_type: str) -> None:
         spec = machine_spec(instance_type)
         assert spec is not None
@@ -83,25 +70,19 @@ class GcpBackend:
     def exhaust_quota(self) -> None:
         self.fake.gpu_quota = 0
 
-    def close(self) -> None:
-        assert_clean(self.fake)
+
+def _backend(clock: ManualClock) -> GcpBackend:
+    fake = _fake(clock)
+    return GcpBackend(_provider(fake, clock), fake, "n1-standard-8-t4x1", "us-central1-a")
 
 
-class GcpFactory:
-    name = "gcp"
-
-    def __call__(self) -> ContractBackend:
-        clock = ManualClock(1_000.0)
-        fake = _fake(clock)
-        return GcpBackend(_provider(fake, clock), fake)
+GCP_FACTORY = FakeFactory("gcp", _backend)
 
 
 @pytest.fixture
 def env() -> Iterator[tuple[FakeGcpAPI, ManualClock]]:
     clock = ManualClock(1_000.0)
-    fake = _fake(clock, op_delay_s=60.0, boot_delay_s=30.0)
-    yield fake, clock
-    assert_clean(fake)
+    yield from checked(_fake(clock, op_delay_s=60.0, boot_delay_s=30.0), clock)
 
 
 def test_pool_is_created_for_the_offering_with_gpus_spot_taint_labels_and_driver(

@@ -6,7 +6,6 @@ To add a backend, append a factory (a callable with a ``name`` attribute returni
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -22,27 +21,17 @@ from gpuscale.providers.aws import AwsConfig, AwsProvider
 from gpuscale.providers.linode import LinodeConfig, LinodeProvider
 from kube_harness import client_for
 from provider_contract import ContractBackend, ProviderContract, ProviderFactory
-from test_alibaba_provider import AlibabaFactory
-from test_gcp_provider import GcpFactory
+from shared_fake import FakeBackend, FakeFactory, SharedFake
+from test_alibaba_provider import ALIBABA_FACTORY
+from test_gcp_provider import GCP_FACTORY
 
-_FAKES: list[FakeLinodeAPI] = []
-
-
-def _shared_fake() -> FakeLinodeAPI:
-    """One fake Linode API server for the whole module (state is reset per backend)."""
-    if not _FAKES:
-        _FAKES.append(FakeLinodeAPI().start())
-    return _FAKES[0]
+_LINODE = SharedFake(lambda: FakeLinodeAPI().start())
+"""One fake Linode API server for the whole module (state is reset per backend)."""
+_stop_fakes = _LINODE.stopper()
 
 
-@dataclass
-class LinodeBackend:
-    """The Linode provider talking to the fake Linode API through linode_api4."""
-
-    provider: LinodeProvider
-    fake: FakeLinodeAPI
-    instance_type: str = "g2-gpu-rtx4000a1-s"
-    zone: str = "us-ord"
+class LinodeBackend(FakeBackend[LinodeProvider, FakeLinodeAPI]):
+    """The Linode provider talking to the fake Linode API (its OpenAPI spec checked) through linode_api4."""
 
     def exhaust_capacity(self, instance_type: str) -> None:
         self.fake.unavailable_types.add(instance_type)
@@ -50,23 +39,15 @@ class LinodeBackend:
     def exhaust_quota(self) -> None:
         self.fake.max_pools = 0
 
-    def close(self) -> None:
-        assert self.fake.invalid_requests == [], "the provider sent requests that violate the Linode OpenAPI spec"
-        self.fake.check()
 
-
-class LinodeFactory:
-    name = "linode"
-
-    def __call__(self) -> ContractBackend:
-        fake = _shared_fake()
-        fake.reset()
-        clock = ManualClock(1_000.0)
-        fake.clock = clock
-        cluster_id = fake.create_cluster(region="us-ord")
-        config = LinodeConfig(cluster_id=cluster_id, region="us-ord", base_url=fake.base_url, timeout_s=5.0)
-        provider = LinodeProvider(config, env={"LINODE_TOKEN": fake.token}, clock=clock)
-        return LinodeBackend(provider, fake)
+def _linode(clock: ManualClock) -> ContractBackend:
+    fake = _LINODE.get()
+    fake.reset()
+    fake.clock = clock
+    cluster_id = fake.create_cluster(region="us-ord")
+    config = LinodeConfig(cluster_id=cluster_id, region="us-ord", base_url=fake.base_url, timeout_s=5.0)
+    provider = LinodeProvider(config, env={"LINODE_TOKEN": fake.token}, clock=clock)
+    return LinodeBackend(provider, fake, "g2-gpu-rtx4000a1-s", "us-ord")
 
 
 @dataclass
@@ -136,19 +117,12 @@ class AwsFactory:
 
 
 PROVIDER_FACTORIES: list[ProviderFactory] = [
-    LinodeFactory(),
+    FakeFactory("linode", _linode),
     KwokFactory(),
     AwsFactory(),
-    GcpFactory(),
-    AlibabaFactory(),
+    GCP_FACTORY,
+    ALIBABA_FACTORY,
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _stop_fakes() -> Iterator[None]:
-    yield
-    while _FAKES:
-        _FAKES.pop().stop()
 
 
 @pytest.fixture(params=PROVIDER_FACTORIES, ids=lambda f: str(getattr(f, "name", f)))
