@@ -11,6 +11,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import pytest
 
 from gpuscale.clock import ManualClock
+from gpuscale.providers.base import CloudNode, LaunchRequest, Provider
 from provider_contract import ContractBackend
 
 
@@ -65,6 +66,13 @@ def checked(fake: F, clock: ManualClock) -> Iterator[tuple[F, ManualClock]]:
     """The body of a test's ``env`` fixture: yield the fake and its clock, then :func:`assert_clean` the fake."""
     yield fake, clock
     assert_clean(fake)
+
+
+def launched(provider: Provider, clock: ManualClock, request: LaunchRequest) -> Sequence[CloudNode]:
+    """Launch ``request``, let 61 s pass (the fakes' operations take 60 s in the tests' ``env``) and list the nodes."""
+    provider.launch(request)
+    clock.sleep(61)
+    return provider.list_nodes()
 
 
 @dataclass

@@ -36,7 +36,7 @@ from gpuscale.providers.alibaba import (
     pool_name,
 )
 from gpuscale.providers.base import CloudNode, CloudNodeState, LaunchRequest, ProviderEventKind
-from shared_fake import FakeBackend, FakeFactory, SharedFake, checked
+from shared_fake import FakeBackend, FakeFactory, SharedFake, checked, launched
 
 CLUSTER = "c-gpu"
 VSWITCHES = {"us-east-1a": ("vsw-a1",), "us-east-1b": ("vsw-b1", "vsw-b2")}
@@ -153,9 +153,7 @@ def test_tasks_are_polled_across_rounds_and_scale_out_waits_for_a_busy_pool(
 def test_removal_names_the_node_skips_acks_drain_and_idle_pools_go(env: tuple[FakeAlibabaAPI, ManualClock]) -> None:
     fake, clock = env
     p = _provider(fake, clock)
-    p.launch(_req("r1", count=3))
-    clock.sleep(61)
-    nodes = p.list_nodes()
+    nodes = launched(p, clock, _req("r1", count=3))
     victim = nodes[1]
     p.delete_node(victim.node_id)  # first the ledger marks the node as going; the removal follows next round
     assert victim.node_id not in {n.node_id for n in p.list_nodes()}
@@ -183,9 +181,7 @@ def test_removal_names_the_node_skips_acks_drain_and_idle_pools_go(env: tuple[Fa
 def test_no_stock_fails_the_slots_and_marks_the_offering(env: tuple[FakeAlibabaAPI, ManualClock]) -> None:
     fake, clock = env
     p = _provider(fake, clock)
-    p.launch(_req("r1"))
-    clock.sleep(61)
-    p.list_nodes()
+    launched(p, clock, _req("r1"))
     fake.no_stock.add(ITYPE)
     grown = p.launch(_req("r2", count=2))
     clock.sleep(61)
@@ -202,9 +198,7 @@ def test_quota_is_refused_at_launch(env: tuple[FakeAlibabaAPI, ManualClock]) -> 
     fake, clock = env
     fake.max_nodes_quota = 1
     p = _provider(fake, clock)
-    p.launch(_req("r1"))
-    clock.sleep(61)
-    p.list_nodes()
+    launched(p, clock, _req("r1"))
     with pytest.raises(QuotaExceeded, match=r"QuotaExceed\.ElasticQuota"):
         p.launch(_req("r2"))
 
@@ -447,9 +441,7 @@ def test_a_crash_between_the_tombstone_and_the_removal_still_removes_that_node_o
 def test_a_failed_scale_out_reported_after_a_restart(env: tuple[FakeAlibabaAPI, ManualClock]) -> None:
     fake, clock = env
     first = _provider(fake, clock)
-    first.launch(_req("r1"))
-    clock.sleep(61)
-    first.list_nodes()
+    launched(first, clock, _req("r1"))
     fake.no_stock.add(ITYPE)
     first.launch(_req("r2"))  # the task will fail; the process dies before it learns so
     clock.sleep(61)

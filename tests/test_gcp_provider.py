@@ -30,7 +30,7 @@ from gpuscale.fakes.gcp_api import FakeGcpAPI, discovery_document
 from gpuscale.providers.base import CloudNodeState, LaunchRequest, ProviderEventKind
 from gpuscale.providers.gcp import API_CALLS, GcpConfig, GcpProvider, machine_spec, pool_name
 from gpuscale.providers.gcp_support import op_error
-from shared_fake import FakeBackend, FakeFactory, SharedFake, checked
+from shared_fake import FakeBackend, FakeFactory, SharedFake, checked, launched
 
 CLUSTER = "projects/proj-1/locations/us-central1/clusters/gpu-c"
 ZONES = ("us-central1-a", "us-central1-b")
@@ -222,9 +222,7 @@ def test_async_stockout_fails_the_slots_and_marks_the_offering(env: tuple[FakeGc
 def test_stockout_while_growing_is_read_from_the_mig_errors(env: tuple[FakeGcpAPI, ManualClock]) -> None:
     fake, clock = env
     p = _provider(fake, clock)
-    p.launch(_req("r1"))
-    clock.sleep(61)
-    p.list_nodes()
+    launched(p, clock, _req("r1"))
     fake.stockout.add("g2-standard-8")
     grown = p.launch(_req("r2", count=2))
     clock.sleep(61)
@@ -239,9 +237,7 @@ def test_quota_is_refused_at_launch(env: tuple[FakeGcpAPI, ManualClock]) -> None
     fake, clock = env
     fake.gpu_quota = 2
     p = _provider(fake, clock)
-    p.launch(_req("r1", count=2))
-    clock.sleep(61)
-    p.list_nodes()
+    launched(p, clock, _req("r1", count=2))
     with pytest.raises(QuotaExceeded, match="QUOTA_EXCEEDED"):
         p.launch(_req("r2"))
     assert [n.request_id for n in p.list_nodes()] == ["r1", "r1"]
@@ -335,9 +331,7 @@ def test_every_api_call_is_documented_and_real() -> None:
 def test_every_call_the_provider_made_is_in_api_calls(env: tuple[FakeGcpAPI, ManualClock]) -> None:
     fake, clock = env
     p = _provider(fake, clock)
-    p.launch(_req("r1", count=2))
-    clock.sleep(61)
-    p.list_nodes()
+    launched(p, clock, _req("r1", count=2))
     p.launch(_req("r2"))
     clock.sleep(61)
     fake.stockout.add("g2-standard-8")
@@ -393,9 +387,7 @@ def test_vms_a_crashed_launch_never_labelled_are_listed_for_adoption(env: tuple[
 def test_bound_vms_carry_request_and_slot_labels(env: tuple[FakeGcpAPI, ManualClock]) -> None:
     fake, clock = env
     p = _provider(fake, clock)
-    p.launch(_req("r1", count=2))
-    clock.sleep(61)
-    p.list_nodes()
+    launched(p, clock, _req("r1", count=2))
     clock.sleep(61)
     p.list_nodes()
     url = f"{fake.endpoint}/compute/v1/projects/proj-1/zones/us-central1-a/instances"
