@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from operator import attrgetter
 
 from gpuscale.controller.rounds import ScaleUpState
 from gpuscale.controller.shell import LEAVING, ReconcileResult, ShellBase, World
@@ -32,6 +33,11 @@ from gpuscale.core.reconcile.scaleup import (
 )
 
 __all__ = ["PlanFn", "ScaleUpSteps"]
+
+_PHASE = attrgetter("phase")
+_MAY_ADD_NODE = (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED, ClaimPhase.DRAINING, ClaimPhase.DELETING, ClaimPhase.FAILED)
+"""Claim phases whose claim :meth:`ScaleUpSteps._snapshot` may show as a node when its Node is not listed (a GPR's
+claim may be in any phase)."""
 
 
 class ScaleUpSteps(ShellBase):
@@ -181,10 +187,11 @@ class ScaleUpSteps(ShellBase):
     def _signature(self, real: Sequence[Pod], virtual: Sequence[Pod], w: World) -> object:
         now = w.now
         av = self.availability
+        claims = self.claims
         return plan_signature(
-            [p.key for p in real],
-            [p.key for p in virtual],
-            [(k, c.phase) for k, c in self.claims.items()],
+            frozenset([p.key for p in real]),
+            frozenset([p.key for p in virtual]),
+            frozenset(zip(claims.keys(), map(_PHASE, claims.values()), strict=True)),
             [k for k, t in av.offerings.items() if t > now],
             w.nodes,
             [p for p in av.backoffs if av.backed_off(p, now)],
@@ -212,7 +219,10 @@ class ScaleUpSteps(ShellBase):
             else:
                 nodes.append(n)
         gpr_keys = self.gpr.keys(self.claims)
-        for key, c in sorted(self.claims.items()):
+        # the claims that may add a node (those in other phases, whose node is not listed, add none)
+        off_node = dict(self.claims.in_phases(_MAY_ADD_NODE))
+        off_node.update((k, self.claims[k]) for k in gpr_keys)
+        for key, c in sorted(off_node.items()):
             if c.node_name in w.nodes:
                 continue
             if key in gpr_keys:  # a GPR's node in flight counts against its pool's limits but is no room for pods
