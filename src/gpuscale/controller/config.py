@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -132,75 +132,20 @@ class ControllerConfig:
         planner: dict[str, Any] = {}
         for key, value in policy.items():
             path = f"{where}.{key}"
-            if key in ("name", "reconcileInterval", "settle"):
+            if key in _SIMULATOR_KEYS:
                 continue
             if key in _POLICY_DELAY_KEYS and value is None:
                 kw[_DURATION_KEYS[key]] = None  # the error's own RetryPolicy delay
             elif key in _DURATION_KEYS:
                 kw[_DURATION_KEYS[key]] = _duration(value, path)
-            elif key == "maxReplans":
-                kw["max_replans"] = _int(value, path)
-            elif key == "consolidation":
-                kw["consolidation"] = _bool(value, path)
-            elif key == "replaceNodes":
-                kw["replace_nodes"] = _bool(value, path)
-            elif key == "requestIdPrefix":
-                if not isinstance(value, str) or not value:
-                    raise InputError("must be a non-empty string", where=path, value=value, fix='e.g. "gs"')
-                kw["request_id_prefix"] = value
-            elif key == "scorer":
-                if value not in SCORERS:
-                    raise InputError("unknown scorer", where=path, value=value, fix=f"use one of {', '.join(SCORERS)}")
-                planner["scorer"] = str(value)
-            elif key == "exactSolver":
-                planner["exact_solver"] = _bool(value, path)
-            elif key == "gangPacking":
-                planner["gang_tolerance"] = _gang_packing(value, path)
-            elif key == "solverTimeLimit":
-                planner["solver_time_limit_s"] = _duration(value, path)
-            elif key == "deadlines":
-                kw["deadlines"] = _deadlines(value, path)
-            elif key == "evictionCost":
-                kw["eviction_cost"] = policyopts.eviction_cost(value, path)
-            elif key == "headroom":
-                kw["headroom"] = policyopts.headroom(value, path)
-            elif key == "evictMaxPodAge":
-                kw["evict_max_pod_age"] = repackopts.evict_max_pod_age(value, path)
-            elif key == "repack":
-                kw["repack"] = repackopts.repack(value, path)
-            elif key == "packOntoEmpty":
-                kw["pack_onto_empty"] = _bool(value, path)
-            elif key == "spotToSpot":
-                kw["spot_to_spot"] = repackopts.spot_to_spot(value, path)
-            elif key == "emptyWait":
-                kw["empty_wait"] = policyopts.empty_wait(value, path)
-            elif key == "anticipate":
-                kw["anticipate"] = anticipate_setting(value, path)
-            elif key == "poolDeadlines":
-                if not isinstance(value, Mapping):
-                    raise InputError("must map pool names to deadlines", where=path, value=value)
-                kw["pool_deadlines"] = {str(k): _deadlines(v, f"{path}.{k}") for k, v in value.items()}
+            elif key in _PLANNER_KEYS:
+                name, read = _PLANNER_KEYS[key]
+                planner[name] = read(value, path)
+            elif key in _KEYS:
+                name, read = _KEYS[key]
+                kw[name] = read(value, path)
             else:
-                known = sorted([*_DURATION_KEYS, "maxReplans", "consolidation", "replaceNodes", "requestIdPrefix"])
-                known += [
-                    "scorer",
-                    "exactSolver",
-                    "gangPacking",
-                    "solverTimeLimit",
-                    "deadlines",
-                    "poolDeadlines",
-                    "evictionCost",
-                    "headroom",
-                    "emptyWait",
-                    "anticipate",
-                    "evictMaxPodAge",
-                    "repack",
-                    "spotToSpot",
-                    "packOntoEmpty",
-                    "name",
-                    "settle",
-                    "reconcileInterval",
-                ]
+                known = [*sorted([*_DURATION_KEYS, *_BASIC_KEYS]), *_PLANNER_KEYS, *_OPTION_KEYS, *_SIMULATOR_KEYS]
                 raise InputError("unknown policy setting", where=path, value=key, fix=f"use one of {', '.join(known)}")
         if planner:
             kw["planner"] = replace(PlannerConfig(), **planner)
@@ -281,3 +226,55 @@ def _deadlines(value: object, where: str) -> Deadlines:
             raise InputError("unknown deadline", where=f"{where}.{k}", value=k, fix="use launch, registration, gpuInit")
         kw[names[k]] = _duration(v, f"{where}.{k}")
     return Deadlines(**kw)
+
+
+def _request_id_prefix(value: object, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InputError("must be a non-empty string", where=where, value=value, fix='e.g. "gs"')
+    return value
+
+
+def _scorer(value: object, where: str) -> str:
+    if value not in SCORERS:
+        raise InputError("unknown scorer", where=where, value=value, fix=f"use one of {', '.join(SCORERS)}")
+    return str(value)
+
+
+def _pool_deadlines(value: object, where: str) -> dict[str, Deadlines]:
+    if not isinstance(value, Mapping):
+        raise InputError("must map pool names to deadlines", where=where, value=value)
+    return {str(k): _deadlines(v, f"{where}.{k}") for k, v in value.items()}
+
+
+Reader = tuple[str, Callable[[Any, str], Any]]
+"""The field a policy key sets and the reader of its value (value, path -> field value or InputError)."""
+
+_BASIC_KEYS: dict[str, Reader] = {
+    "maxReplans": ("max_replans", _int),
+    "consolidation": ("consolidation", _bool),
+    "replaceNodes": ("replace_nodes", _bool),
+    "requestIdPrefix": ("request_id_prefix", _request_id_prefix),
+}
+_PLANNER_KEYS: dict[str, Reader] = {
+    "scorer": ("scorer", _scorer),
+    "exactSolver": ("exact_solver", _bool),
+    "gangPacking": ("gang_tolerance", _gang_packing),
+    "solverTimeLimit": ("solver_time_limit_s", _duration),
+}
+"""Keys of :class:`~gpuscale.core.plan.PlannerConfig` fields."""
+_OPTION_KEYS: dict[str, Reader] = {
+    "deadlines": ("deadlines", _deadlines),
+    "poolDeadlines": ("pool_deadlines", _pool_deadlines),
+    "evictionCost": ("eviction_cost", policyopts.eviction_cost),
+    "headroom": ("headroom", policyopts.headroom),
+    "emptyWait": ("empty_wait", policyopts.empty_wait),
+    "anticipate": ("anticipate", anticipate_setting),
+    "evictMaxPodAge": ("evict_max_pod_age", repackopts.evict_max_pod_age),
+    "repack": ("repack", repackopts.repack),
+    "spotToSpot": ("spot_to_spot", repackopts.spot_to_spot),
+    "packOntoEmpty": ("pack_onto_empty", _bool),
+}
+_KEYS = {**_BASIC_KEYS, **_OPTION_KEYS}
+"""Keys of :class:`ControllerConfig` fields other than durations."""
+_SIMULATOR_KEYS = ("name", "settle", "reconcileInterval")
+"""Keys of a scenario's policy that belong to the simulator (ignored here)."""
