@@ -395,14 +395,19 @@ class ScalerReconciler:
     def _merge_status(self, obj: Obj, body: Obj) -> bool:
         """Merge ``body`` into a scaler's status; False (and a warning) when the API server refused it."""
         ns, name, key = _key(obj)
+        return self._patch_status(GPUWorkloadScaler, ns, name, body, key)
+
+    def _patch_status(self, resource: Any, ns: str, name: str, status: Obj, what: str) -> bool:
+        """Merge ``status`` into the status of the ``resource`` ``ns/name``; False (and a warning naming ``what``)
+        when the API server refused it."""
         try:
             self.client.run(
-                self.client.api.patch(GPUWorkloadScaler.Status, name, {"status": body}, namespace=ns,
+                self.client.api.patch(resource.Status, name, {"status": status}, namespace=ns,
                                       patch_type=PatchType.MERGE),
-                verb="patch", resource="gpuworkloadscalers.gpuscale.io/status",
+                verb="patch", resource=f"{resource._api_info.plural}.gpuscale.io/status",
             )  # fmt: skip
         except KubeError as exc:
-            log.warning("status of %s not written: %s", key, exc.describe())
+            log.warning("status of %s not written: %s", what, exc.describe())
             return False
         return True
 
@@ -416,14 +421,7 @@ class ScalerReconciler:
         kind = str(obj.get("kind") or SCALER_KIND)
         resource = GPUWorkloadScaler if kind == SCALER_KIND else GPUBudgetResource
         cond = Condition("ScalingActive", "False", "InvalidSpec", message).to_dict()
-        try:
-            self.client.run(
-                self.client.api.patch(resource.Status, name, {"status": {"conditions": [cond]}}, namespace=ns,
-                                      patch_type=PatchType.MERGE),
-                verb="patch", resource=f"{resource._api_info.plural}.gpuscale.io/status",
-            )  # fmt: skip
-        except KubeError as exc:
-            log.warning("status of %s not written: %s", key, exc.describe())
+        self._patch_status(resource, ns, name, {"conditions": [cond]}, key)
 
     def _budget_outcome(self, key: str, arb: Arbitration) -> None:
         ns, name = key.split("/", 1)
@@ -448,11 +446,4 @@ class ScalerReconciler:
             grant["scaler"] = str(grant["scaler"]).split("/", 1)[-1]
         if before is not None and before.status() == arb.status():
             return
-        try:
-            self.client.run(
-                self.client.api.patch(GPUBudgetResource.Status, name, {"status": body}, namespace=ns,
-                                      patch_type=PatchType.MERGE),
-                verb="patch", resource="gpubudgets.gpuscale.io/status",
-            )  # fmt: skip
-        except KubeError as exc:
-            log.warning("status of GPUBudget %s not written: %s", key, exc.describe())
+        self._patch_status(GPUBudgetResource, ns, name, body, f"GPUBudget {key}")
