@@ -68,28 +68,33 @@ class TimeSeries:
 
     def record(self, t: float, cloud: SimCloud, cluster: SimCluster, *, force: bool = False) -> None:
         """Append the state at ``t`` if it differs from the last sample (or always, with ``force``)."""
-        pending, running, rate = cluster.pending_count(), cluster.running_count(), max(0.0, cloud.hourly_rate)
+        pending, running, rate = cluster.pending_count(), cluster.running_count(), cloud.hourly_rate
+        rate = rate if rate > 0.0 else 0.0  # max(0.0, rate)
         nodes, gpus = cloud.pool_counts()
-        if self.samples:
-            last = self.samples[-1]
-            same = (
-                last.pending == pending
-                and last.running == running
-                and (last.cost_rate == rate or round(last.cost_rate, 9) == round(rate, 9))  # equal: no rounding
-                and last.nodes == nodes
-                and last.gpus == gpus
-            )
-            if same and not (force and t > last.t):
-                return
-        s = Sample(t, pending, running, rate, dict(nodes), dict(gpus))
-        if self.samples:
-            last = self.samples[-1]
-            if last.t == t:
-                self.samples[-1] = s
-                self.pools.update(nodes)
-                return
-        self.samples.append(s)
-        self.pools.update(nodes)
+        samples = self.samples
+        if not samples:
+            samples.append(Sample(t, pending, running, rate, dict(nodes), dict(gpus)))
+            self.pools.update(nodes)
+            return
+        last = samples[-1]
+        same_pools = last.nodes == nodes and last.gpus == gpus
+        if (
+            same_pools
+            and last.pending == pending
+            and last.running == running
+            and (last.cost_rate == rate or round(last.cost_rate, 9) == round(rate, 9))  # equal: no rounding
+            and not (force and t > last.t)
+        ):
+            return
+        if same_pools:  # the last sample's counts again: its dicts are shared (samples are never changed)
+            s = Sample(t, pending, running, rate, last.nodes, last.gpus)
+        else:
+            s = Sample(t, pending, running, rate, dict(nodes), dict(gpus))
+            self.pools.update(nodes)
+        if last.t == t:
+            samples[-1] = s
+        else:
+            samples.append(s)
 
     def write_csv(self, path: Path) -> None:
         """One row per sample: time, pending, running, nodes, GPUs, $/h, then nodes and GPUs per pool."""
