@@ -100,6 +100,33 @@ class _Bucket:
     at: float
 
 
+def event_body(
+    name: str,
+    namespace: str,
+    involved: dict[str, str],
+    reason: str,
+    message: str,
+    etype: str,
+    now: str,
+    component: str,
+) -> dict[str, Any]:
+    """A new core/v1 Event (count 1, first and last seen at ``now``, an RFC 3339 time) about ``involved``, reported by
+    ``component`` of gpuscale's controller."""
+    return {
+        "metadata": {"name": name, "namespace": namespace},
+        "involvedObject": involved,
+        "reason": reason,
+        "message": message,
+        "type": etype,
+        "count": 1,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "source": {"component": component},
+        "reportingComponent": "gpuscale.io/controller",
+        "reportingInstance": component,
+    }
+
+
 def _ts(t: float) -> str:
     return datetime.datetime.fromtimestamp(t, tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -192,21 +219,7 @@ class EventRecorder:
             involved = {"kind": kind, "name": name, "apiVersion": "v1", **({"uid": uid} if uid else {})}
             if kind == "Pod":
                 involved["namespace"] = namespace
-        body = KEvent.from_dict(
-            {
-                "metadata": {"name": ev_name, "namespace": namespace},
-                "involvedObject": involved,
-                "reason": reason,
-                "message": message,
-                "type": etype,
-                "count": 1,
-                "firstTimestamp": now,
-                "lastTimestamp": now,
-                "source": {"component": COMPONENT},
-                "reportingComponent": "gpuscale.io/controller",
-                "reportingInstance": COMPONENT,
-            }
-        )
+        body = KEvent.from_dict(event_body(ev_name, namespace, involved, reason, message, etype, now, COMPONENT))
         self._spawn(self.client.api.create(body, namespace=namespace), "create", ev_name)
 
     async def _gated(self, coro: Any, after: Any) -> Any:

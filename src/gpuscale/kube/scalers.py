@@ -51,6 +51,7 @@ from gpuscale.core.autoscale.keda import EMPTY, ScalerState
 from gpuscale.errors import MetricsError, NoData
 from gpuscale.kube.cache import KubeCache, Watched
 from gpuscale.kube.client import KubeClient, KubeError, as_kube_error
+from gpuscale.kube.events import event_body
 from gpuscale.kube.rightsizer import Rightsizer
 from gpuscale.kube.scale_client import Scale, ScaleClient, selector_matcher
 from gpuscale.manifests.problems import Doc
@@ -126,21 +127,7 @@ class ObjectEvents:
         involved = {"kind": kind, "apiVersion": obj.get("apiVersion", ""), "name": name, "namespace": ns}
         if meta.get("uid"):
             involved["uid"] = meta["uid"]
-        event = KEvent.from_dict(
-            {
-                "metadata": {"name": ev_name, "namespace": ns},
-                "involvedObject": involved,
-                "reason": reason,
-                "message": message[:1024],
-                "type": etype,
-                "count": 1,
-                "firstTimestamp": now,
-                "lastTimestamp": now,
-                "source": {"component": COMPONENT},
-                "reportingComponent": "gpuscale.io/controller",
-                "reportingInstance": COMPONENT,
-            }
-        )
+        event = KEvent.from_dict(event_body(ev_name, ns, involved, reason, message[:1024], etype, now, COMPONENT))
         self._spawn(self.client.api.create(event, namespace=ns))
 
     def _spawn(self, coro: Any) -> None:
