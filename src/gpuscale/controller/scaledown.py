@@ -17,8 +17,8 @@ from gpuscale.core.disruption import (
     plan_disruption,
 )
 from gpuscale.core.disruption.passmemo import PassMemo
-from gpuscale.core.model import Node
-from gpuscale.core.nodeclaim import REQUEST_ID_LABEL, ClaimPhase
+from gpuscale.core.model import Node, Pod
+from gpuscale.core.nodeclaim import REQUEST_ID_LABEL, ClaimPhase, NodeClaim
 from gpuscale.core.reconcile import (
     DeleteNode,
     EventKind,
@@ -207,20 +207,51 @@ class ScaleDownSteps(ShellBase):
         :meth:`_planned` (computed once per round; nothing in the consolidation step changes it)."""
         pods = list(w.pods)
         protected: frozenset[str] = frozenset()
+        by_node: Mapping[str, Sequence[Pod]] = w.by_node()  # (World.pods are the live pods the pass groups)
         if planned:
             protected = frozenset(planned.values())
-            pods = [replace(p, node_name=planned[p.key]) if p.pending and p.key in planned else p for p in pods]
+            # a planned pod is the pending pod bound to its node; the same object as last pass while the pod and its
+            # node are the same (kept for the pods planned now only)
+            made = self.__dict__.get("_planned_pods", {})
+            kept: dict[str, tuple[Pod, str, Pod]] = {}
+            for i, p in enumerate(pods):
+                if p.pending and (on := planned.get(p.key)) is not None:
+                    last = made.get(p.key)
+                    if last is None or last[0] is not p or last[1] != on:
+                        last = (p, on, replace(p, node_name=on))
+                    kept[p.key] = last
+                    pods[i] = last[2]
+            self.__dict__["_planned_pods"] = kept
+            if kept:  # the planned nodes' lists gain the planned pods, in pods' order
+                gained: dict[str, list[Pod]] = {}
+                for p in pods:
+                    if (on := p.node_name) in protected:
+                        if (lst := gained.get(on)) is None:
+                            gained[on] = [p]
+                        else:
+                            lst.append(p)
+                by_node = {**by_node, **gained}
         nodes = list(w.nodes.values())
         gpr_keys = self.gpr.keys(self.claims)
         if gpr_keys:  # a GPR's nodes are outside the pools' accounting here (minNodes, budgets): never disrupted
             held = {c.node_name for k in gpr_keys if (c := self.claims[k]).node_name}
             nodes = [replace(n, pool=None) if n.name in held else n for n in nodes]
+        cache = self.__dict__.get("_launching_nodes")
+        made_nodes = cache[2] if cache is not None and cache[0] is self.pools and cache[1] is self.catalog else {}
+        launching: dict[str, tuple[NodeClaim, Node]] = {}
         for key, c in self.claims.in_phases(_FLYING):
             if c.node_name not in w.nodes:
                 if key in gpr_keys:
                     continue
-                nodes.append(self._launching_node(key, c))
-        return DisruptionInputs(pods, nodes, protected, self.availability.unavailable_at(w.now))
+                # the node in flight of a claim: the same object as last pass while the claim, the pools and the
+                # catalog are (its template reads them)
+                last_node = made_nodes.get(key)
+                if last_node is None or last_node[0] is not c:
+                    last_node = (c, self._launching_node(key, c))
+                launching[key] = last_node
+                nodes.append(last_node[1])
+        self.__dict__["_launching_nodes"] = (self.pools, self.catalog, launching)
+        return DisruptionInputs(pods, nodes, protected, self.availability.unavailable_at(w.now), by_node)
 
     def _disruption_pass(
         self,
@@ -266,6 +297,7 @@ class ScaleDownSteps(ShellBase):
             allow_replace=self.config.replace_nodes if allow_replace is None else allow_replace,
             workloads=self.gpr.workloads or None,
             memo=memo,
+            by_node=inputs.by_node,
         )
 
     def _drain_and_delete(self, w: World, result: ReconcileResult) -> None:

@@ -125,12 +125,14 @@ class World:
 
 @dataclass(frozen=True, slots=True)
 class DisruptionInputs:
-    """Pods, nodes, protected nodes and unavailable offerings as a consolidation pass sees them."""
+    """Pods, nodes, protected nodes and unavailable offerings as a consolidation pass sees them; ``by_node``: the
+    pods bound to each node, in ``pods``' order (None: the pass groups ``pods`` itself)."""
 
     pods: list[Pod]
     nodes: list[Node]
     protected: frozenset[str]
     unavailable: dict[OfferingKey, float]
+    by_node: Mapping[str, Sequence[Pod]] | None = None
 
 
 LEAVING = frozenset({ClaimPhase.DRAINING, ClaimPhase.DELETING, ClaimPhase.FAILED})

@@ -151,7 +151,20 @@ class PassMemo:
     module docstring): the last pass's rows and total free room, its candidates by node, and the candidates it kept
     before deciding any action, with the inputs those verdicts shared."""
 
-    __slots__ = ("budgets", "candidates", "counts", "hits", "judged", "key", "now", "order", "reused", "rows", "total")
+    __slots__ = (
+        "budgets",
+        "candidates",
+        "counts",
+        "destinations",
+        "hits",
+        "judged",
+        "key",
+        "now",
+        "order",
+        "reused",
+        "rows",
+        "total",
+    )
 
     def __init__(self) -> None:
         self.rows: dict[str, Row] = {}
@@ -169,6 +182,11 @@ class PassMemo:
         """Nodes per pool not being disrupted (minNodes)."""
         self.budgets: dict[str, tuple[int, int]] = {}
         """Pool -> (its nodes, those being disrupted): a budget verdict's inputs besides the time."""
+        self.destinations: (
+            tuple[list[Node], set[str], list[Node], dict[str, int], dict[str, int], dict[str, int]] | None
+        ) = None
+        """The last pass's nodes and nodes being disrupted, with its destinations and node counts per pool
+        (:func:`~gpuscale.core.disruption.plan.destinations`' cache)."""
         self.hits = 0
         """Passes whose every candidate was kept as judged before (for tests and benchmarks)."""
         self.reused = 0

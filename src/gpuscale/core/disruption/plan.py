@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from operator import is_
 
 from gpuscale.core.disruption.budgets import allowed_disruptions, pdb_allowances
 from gpuscale.core.disruption.candidates import (
@@ -172,6 +173,39 @@ class _Sim:
         return st, left, dests
 
 
+def destinations(
+    nodes: Sequence[Node], disrupting: set[str], memo: PassMemo | None
+) -> tuple[list[Node], dict[str, int], dict[str, int], dict[str, int]]:
+    """The destinations (not launching, cordoned or being disrupted), and node counts per pool for budgets and
+    minNodes: those not being disrupted (counts), every node that is not launching (totals) and those being
+    disrupted. ``memo``: the last answer is reused while the nodes are the same objects in the same order and the
+    nodes being disrupted are the same (the counts are copies: a pass changes them)."""
+    if memo is not None:
+        last = memo.destinations
+        if last is not None and last[1] == disrupting and len(last[0]) == len(nodes) and all(map(is_, last[0], nodes)):
+            return last[2], dict(last[3]), last[4], dict(last[5])
+    dest: list[Node] = []
+    counts: dict[str, int] = {}
+    totals_all: dict[str, int] = {}
+    disrupting_by_pool: dict[str, int] = {}
+    for n in nodes:
+        if n.launching:
+            continue
+        leaving = n.name in disrupting
+        on = n.pool
+        if on is not None:
+            totals_all[on] = totals_all.get(on, 0) + 1
+            if leaving:
+                disrupting_by_pool[on] = disrupting_by_pool.get(on, 0) + 1
+            else:
+                counts[on] = counts.get(on, 0) + 1
+        if not leaving and not n.unschedulable:
+            dest.append(n)
+    if memo is not None:
+        memo.destinations = (list(nodes), set(disrupting), dest, dict(counts), totals_all, dict(disrupting_by_pool))
+    return dest, counts, totals_all, disrupting_by_pool
+
+
 def plan_disruption(
     nodes: Sequence[Node],
     pods: Sequence[Pod],
@@ -189,6 +223,7 @@ def plan_disruption(
     allow_replace: bool = True,
     workloads: Mapping[str, Mapping[str, str]] | None = None,
     memo: PassMemo | None = None,
+    by_node: Mapping[str, Sequence[Pod]] | None = None,
 ) -> DisruptionPlan:
     """Decide which nodes to delete or replace now (see the module docstring for the rules).
 
@@ -201,42 +236,27 @@ def plan_disruption(
     ``workloads`` (the active GPRs' workload selectors): a node held by one of them is room only for pods its
     selector matches. ``memo`` (one per caller, given to every call): reuses the last pass's rows and, when provably
     the same, its plan (:mod:`~gpuscale.core.disruption.passmemo`); the result is the same without it.
+    ``by_node``: the live pods of ``pods`` bound to each node, in ``pods``' order, if the caller has them already
+    (computed from ``pods`` when None).
     """
     since = since or {}
     utilization = utilization or {}
     pool_by_name = {p.name: p for p in pools}
     disrupting_set = set(disrupting)
-    by_node: dict[str, list[Pod]] = {}
-    for p in pods:
-        phase = p.phase
-        if phase == "Pending" or phase == "Running" or phase == "":  # is_live, inlined (every pod, every pass)
-            on = p.node_name
-            if on is not None:
-                lst = by_node.get(on)
-                if lst is None:
-                    by_node[on] = [p]
-                else:
-                    lst.append(p)
-
-    # The destinations (not launching, cordoned or being disrupted), and node counts per pool for budgets and minNodes:
-    # every node that is not launching (totals_all), those being disrupted, the others (counts).
-    dest: list[Node] = []
-    counts: dict[str, int] = {}
-    totals_all: dict[str, int] = {}
-    disrupting_by_pool: dict[str, int] = {}
-    for n in nodes:
-        if n.launching:
-            continue
-        leaving = n.name in disrupting_set
-        on = n.pool
-        if on is not None:
-            totals_all[on] = totals_all.get(on, 0) + 1
-            if leaving:
-                disrupting_by_pool[on] = disrupting_by_pool.get(on, 0) + 1
-            else:
-                counts[on] = counts.get(on, 0) + 1
-        if not leaving and not n.unschedulable:
-            dest.append(n)
+    if by_node is None:
+        grouped: dict[str, list[Pod]] = {}
+        for p in pods:
+            phase = p.phase
+            if phase == "Pending" or phase == "Running" or phase == "":  # is_live, inlined (every pod, every pass)
+                on = p.node_name
+                if on is not None:
+                    lst = grouped.get(on)
+                    if lst is None:
+                        grouped[on] = [p]
+                    else:
+                        lst.append(p)
+        by_node = grouped
+    dest, counts, totals_all, disrupting_by_pool = destinations(nodes, disrupting_set, memo)
     row: dict[str, int] = {}  # simulated destination rows, by node name (filled when the simulation is built)
     lazy: list[_Sim] = []
     removed: set[str] = set()

@@ -1,0 +1,148 @@
+"""The consolidation pass's input caches give what computing afresh gives: the destinations and node counts a
+:class:`~gpuscale.core.disruption.passmemo.PassMemo` keeps (:func:`~gpuscale.core.disruption.plan.destinations`), a
+pass given the caller's pods by node (``by_node``), and the controller's pass inputs (pods by node with planned pods,
+nodes in flight and planned pods kept as the same objects between passes) on simulated clusters."""
+
+from __future__ import annotations
+
+import operator
+import random
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from gpuscale.controller.loop import Controller
+from gpuscale.controller.scaledown import ScaleDownSteps
+from gpuscale.controller.shell import DisruptionInputs, World
+from gpuscale.core.disruption import plan_disruption
+from gpuscale.core.disruption.passmemo import PassMemo
+from gpuscale.core.disruption.plan import destinations
+from gpuscale.core.model import Node, Pod
+from gpuscale.sim.cloud import SimCloud
+from gpuscale.sim.cluster import SimCluster
+from gpuscale.sim.engine import Dist, Engine
+from test_consolidation_gate import CATALOG, CONFIG, FAST, _pod, _pool
+from test_disruption_passmemo import _Walk
+
+
+def _random_nodes(rng: random.Random, known: dict[str, Node]) -> list[Node]:
+    """Nodes of two pools (some launching, cordoned or poolless), mostly the same objects as the last call."""
+    for name in list(known):
+        if rng.random() < 0.15:
+            del known[name]
+        elif rng.random() < 0.1:
+            known[name] = replace(known[name], unschedulable=not known[name].unschedulable)
+    while len(known) < 6 or rng.random() < 0.2:
+        name = f"n{rng.randrange(1000)}"
+        pool = rng.choice(["a", "b", None])
+        known[name] = Node(name, CATALOG.by_name()["g1"].capacity, pool=pool, launching=rng.random() < 0.2)
+    nodes = list(known.values())
+    if rng.random() < 0.1:
+        rng.shuffle(nodes)
+    return nodes
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_destinations_kept_by_the_memo_equal_recomputed_ones(seed: int) -> None:
+    rng = random.Random(seed)
+    memo = PassMemo()
+    known: dict[str, Node] = {}
+    hits = 0
+    for _ in range(200):
+        nodes = _random_nodes(rng, known) if rng.random() < 0.5 or not memo.destinations else list(known.values())
+        names = [n.name for n in nodes]
+        disrupting = set(rng.sample(names, rng.randint(0, 2))) if rng.random() < 0.3 else set()
+        before = memo.destinations
+        got = destinations(nodes, disrupting, memo)
+        hits += memo.destinations is before
+        assert got == destinations(nodes, disrupting, None)
+        got[1].clear()  # a pass changes its counts: the memo's stay as they were
+        got[3].clear()
+    assert hits > 20  # the memo was used
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_pass_given_the_pods_by_node_decides_as_one_grouping_them(seed: int) -> None:
+    walk = _Walk(seed)
+    with_memo, without = PassMemo(), PassMemo()
+    for _ in range(60):
+        grouped: dict[str, list[Pod]] = {}
+        for p in walk.pods:
+            if p.node_name is not None:
+                grouped.setdefault(p.node_name, []).append(p)
+        cands = None if walk.candidates is None else walk.candidates & set(walk.nodes)
+        kw: dict[str, Any] = {
+            "since": dict(walk.since),
+            "candidates": cands,
+            "disrupting": walk.disrupting & set(walk.nodes),
+            "protected": walk.protected & set(walk.nodes),
+        }
+        args = (list(walk.nodes.values()), walk.pods, [walk.pool], CATALOG, walk.now)
+        given_by_node = plan_disruption(*args, **kw, memo=with_memo, by_node=grouped)
+        assert given_by_node == plan_disruption(*args, **kw, memo=without)
+        assert given_by_node == plan_disruption(*args, **kw)
+        walk.step()
+
+
+def _grouped(pods: list[Pod]) -> dict[str, list[Pod]]:
+    out: dict[str, list[Pod]] = {}
+    for p in pods:
+        if p.node_name is not None:
+            out.setdefault(p.node_name, []).append(p)
+    return out
+
+
+def test_the_controllers_pass_inputs_equal_fresh_ones() -> None:
+    """Every pass of a simulated cluster with launches in flight and pods planned onto nodes: the pass's pods by node
+    are its pods grouped afresh, its nodes in flight and planned pods equal new ones, and are the same objects as the
+    last pass's while their claim (or pod and node) are the same (asked again at once, and across passes)."""
+    seen = {"passes": 0, "flying": 0, "planned": 0, "same_flying": 0, "same_planned": 0}
+    last: dict[str, Any] = {}
+    inputs_of = ScaleDownSteps._disruption_inputs
+
+    def checked(self: Controller, w: World, planned: dict[str, str]) -> DisruptionInputs:
+        inputs = inputs_of(self, w, planned)
+        seen["passes"] += 1
+        assert inputs.by_node == _grouped(inputs.pods)
+        again = inputs_of(self, w, planned)  # nothing changed: the very same planned pods and nodes in flight
+        assert all(map(operator.is_, again.pods, inputs.pods)) and all(map(operator.is_, again.nodes, inputs.nodes))
+        for p, q in zip(w.pods, inputs.pods, strict=True):
+            if p is not q:
+                seen["planned"] += 1
+                assert q == replace(p, node_name=planned[p.key])
+                if last.get(p.key, (None, None, None))[:2] == (p, planned[p.key]):
+                    assert last[p.key][2] is q
+                    seen["same_planned"] += 1
+                last[p.key] = (p, planned[p.key], q)
+        by_name = {n.name: n for n in inputs.nodes if n.launching}
+        for key, c in self.claims.items():
+            node = by_name.get(c.node_name or f"nodeclaim-{key}")
+            if node is None:
+                continue
+            seen["flying"] += 1
+            assert node == self._launching_node(key, c)
+            if last.get(key, (None, None))[0] is c:
+                assert last[key][1] is node
+                seen["same_flying"] += 1
+            last[key] = (c, node)
+        return inputs
+
+    pool = _pool("100%", 20.0)
+    engine = Engine()
+    cluster = SimCluster(engine, CATALOG, [pool], seed=3)
+    slow = replace(FAST, launch_latency=Dist.const(60.0), device_plugin_delay=Dist.const(40.0))
+    cloud = SimCloud(engine, CATALOG, slow, seed=3, listener=cluster)
+    ctrl = Controller(cluster, cloud, [pool], CATALOG, engine.clock, CONFIG)
+    ctrl._disruption_inputs = checked.__get__(ctrl)  # type: ignore[method-assign]
+    rng = random.Random(3)
+    for i in range(400):
+        pod = _pod(f"p{i}", rng.choice([0, 1, 1, 2]), rng.choice([500, 2000, 6000]), {})
+        engine.at(rng.uniform(0.0, 1500.0), cluster.add_pod, pod, rng.uniform(10.0, 120.0))
+    t = 0.0
+    while t < 1800.0:
+        t += 2.0
+        engine.run_until(t)
+        ctrl.reconcile()
+    assert seen["passes"] > 20 and seen["flying"] > 0 and seen["planned"] > 0, seen
+    assert seen["same_flying"] > 0, seen
