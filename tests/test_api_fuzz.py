@@ -5,9 +5,6 @@ number of examples. Asserted: no 5xx, every 2xx create can be read back and is l
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -15,7 +12,6 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
@@ -30,6 +26,7 @@ from gpuscale.gpr.manager import GprManager
 from gpuscale.gpr.server import allowed_hosts_for
 from gpuscale.gpr.store import GprStore
 from gpuscale.sim.wallclock import WallClockSimCloud
+from uvicorn_harness import serve
 
 TOKEN = "fuzz-token-91c2"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -148,19 +145,10 @@ def live() -> Iterator[httpx.Client]:
     clock = ManualClock(1_700_000_000.0)
     manager = GprManager(GprStore(":memory:"), catalog, provider=WallClockSimCloud(catalog, clock), clock=clock)
     app = create_app(manager, token=TOKEN, allowed_hosts=allowed_hosts_for("127.0.0.1"))
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    with httpx.Client(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", headers=AUTH, timeout=30) as http:
+    running = serve(app, log_level="critical")
+    with httpx.Client(base_url=running.url, headers=AUTH, timeout=30) as http:
         yield http
-    server.should_exit = True
-    thread.join(10)
+    running.stop()
 
 
 ROUTES = [("POST", "/api/v1/gpr"), ("PUT", "/api/v1/gpr"), ("POST", "/api/v1/gpr/waittime")]

@@ -8,7 +8,6 @@ import json
 import logging
 import socket
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,7 +16,6 @@ from pathlib import Path
 import httpx
 import pytest
 import requests
-import uvicorn
 from click.testing import CliRunner
 
 from gpuscale.catalogs import load_catalog
@@ -32,6 +30,7 @@ from gpuscale.gpr.server import ReconcileLoop, allowed_hosts_for, max_exit_from_
 from gpuscale.gpr.store import GprStore
 from gpuscale.providers.linode import LinodeConfig, LinodeProvider
 from gpuscale.sim.wallclock import WallClockSimCloud
+from uvicorn_harness import serve
 
 TOKEN = "hardening-token-7d21"
 T0 = 1_700_000_000.0
@@ -45,22 +44,6 @@ class Server:
     manager: GprManager
     http: httpx.Client
     db: Path
-    uv: uvicorn.Server
-    thread: threading.Thread
-
-
-def _start(app: object) -> tuple[uvicorn.Server, threading.Thread, int]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    uv = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off"))  # type: ignore[arg-type]
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not uv.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    return uv, thread, port
 
 
 @pytest.fixture
@@ -72,13 +55,11 @@ def srv(tmp_path: Path) -> Iterator[Server]:
         GprStore(db), catalog, provider=WallClockSimCloud(catalog, clock), clock=clock, config=GprConfig(max_nodes=2)
     )
     app = create_app(manager, token=TOKEN, allowed_hosts=allowed_hosts_for("127.0.0.1", ["gpu.example.org"]))
-    uv, thread, port = _start(app)
-    url = f"http://127.0.0.1:{port}"
-    http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
-    yield Server(url, port, manager, http, db, uv, thread)
+    running = serve(app, log_level="critical")
+    http = httpx.Client(base_url=running.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+    yield Server(running.url, running.port, manager, http, db)
     http.close()
-    uv.should_exit = True
-    thread.join(10)
+    running.stop()
     manager.store.close()
 
 

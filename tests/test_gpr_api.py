@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -11,7 +9,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from gpuscale.catalogs import load_catalog
 from gpuscale.clock import ManualClock
@@ -21,6 +18,7 @@ from gpuscale.gpr.manager import GprManager
 from gpuscale.gpr.server import ReconcileLoop, build_manager
 from gpuscale.gpr.store import GprStore
 from gpuscale.sim.wallclock import WallClockSimCloud
+from uvicorn_harness import serve
 
 TOKEN = "test-token-4f1c0d"
 T0 = 1_700_000_000.0
@@ -38,32 +36,6 @@ SPEC = {
 
 
 @dataclass
-class Running:
-    url: str
-    server: uvicorn.Server
-    thread: threading.Thread
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
-def start(app: object) -> Running:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))  # type: ignore[arg-type]
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    return Running(f"http://127.0.0.1:{port}", server, thread)
-
-
-@dataclass
 class Env:
     manager: GprManager
     clock: ManualClock
@@ -78,7 +50,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     sim = WallClockSimCloud(catalog, clock, latency_s=5.0)
     db = tmp_path_factory.mktemp("api") / "gpr.db"
     manager = GprManager(GprStore(db), catalog, provider=sim, clock=clock, config=GprConfig(max_nodes=2))
-    running = start(create_app(manager, token=TOKEN))
+    running = serve(create_app(manager, token=TOKEN))
     http = httpx.Client(base_url=running.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
     anon = httpx.Client(base_url=running.url, timeout=10)
     yield Env(manager, clock, http, anon)
@@ -191,7 +163,7 @@ def test_server_with_background_reconcile_loop(tmp_path: Path) -> None:
     manager = build_manager(tmp_path / "s.db", provider="sim", env={}, sim_latency_s=0.0)
     loop = ReconcileLoop(manager, interval_s=0.05)
     loop.start()
-    running = start(create_app(manager, token=TOKEN))
+    running = serve(create_app(manager, token=TOKEN))
     try:
         with httpx.Client(base_url=running.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10) as c:
             gid = c.post("/api/v1/gpr", json={**SPEC, "numberOfGPUNodes": 1}).json()["gprId"]
@@ -212,7 +184,7 @@ def test_missing_linode_token_over_the_api(tmp_path: Path) -> None:
     manager = build_manager(
         tmp_path / "l.db", provider="linode", env={"LINODE_REGION": "us-ord", "LINODE_CLUSTER_ID": "1"}
     )
-    running = start(create_app(manager, token=TOKEN))
+    running = serve(create_app(manager, token=TOKEN))
     try:
         with httpx.Client(base_url=running.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10) as c:
             gid = c.post("/api/v1/gpr", json=SPEC).json()["gprId"]
