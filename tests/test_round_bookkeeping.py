@@ -1,9 +1,10 @@
 """The round's incremental bookkeeping gives what recomputing it would: the controller's wake-up time (candidates
 kept for the round, the answer kept while it is in the future), the deadline check skipped while no claim is past
-its deadline, and the simulator's bind that spells out ``dataclasses.replace``."""
+its deadline, and the simulator's bind that spells out ``dataclasses.replace``; the run's collector settings."""
 
 from __future__ import annotations
 
+import gc
 import math
 from bisect import bisect_right
 from dataclasses import fields, replace
@@ -19,10 +20,10 @@ from gpuscale.core.resources import Request
 from gpuscale.sim.cloud import CloudBehaviour
 from gpuscale.sim.cluster_records import placed
 from gpuscale.sim.engine import Dist
-from gpuscale.sim.runner import run_simulation
+from gpuscale.sim.runner import FULL_COLLECTION_EVERY, run_simulation
 from gpuscale.sim.scenario import Scenario, WorkloadSpec
 from gpuscale.sim.workloads import Arrival, PodShape, burst
-from test_sim_runner import CAT
+from test_sim_runner import CAT, ToyController, burst_scenario
 
 
 def _scenario() -> Scenario:
@@ -115,3 +116,18 @@ def test_placed_copies_every_field_of_the_pod() -> None:
     copied |= {"annotations", "gang", "gang_size", "is_daemonset"}
     assert {f.name for f in fields(Pod)} == changed | copied, "a new Pod field: copy it in placed()"
     assert all(getattr(bound, f) == getattr(pod, f) for f in copied)
+
+
+def test_full_collections_are_rarer_during_a_run_only() -> None:
+    seen: list[tuple[int, int, int]] = []
+
+    class Probe(ToyController):
+        def reconcile(self) -> None:
+            seen.append(gc.get_threshold())
+            super().reconcile()
+
+    assert gc.get_freeze_count() == 0  # (a run inside a frozen heap changes nothing)
+    before = gc.get_threshold()
+    run_simulation(burst_scenario(count=4), Probe)
+    assert seen and set(seen) == {(before[0], before[1], max(before[2], FULL_COLLECTION_EVERY))}
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
