@@ -146,3 +146,37 @@ def test_the_controllers_pass_inputs_equal_fresh_ones() -> None:
         ctrl.reconcile()
     assert seen["passes"] > 20 and seen["flying"] > 0 and seen["planned"] > 0, seen
     assert seen["same_flying"] > 0, seen
+
+
+def test_the_consolidation_steps_kept_inputs_equal_fresh_ones() -> None:
+    """Every round of a simulated cluster (launches, drains, replacements, planned pods): the candidates, nodes being
+    disrupted, planned pods and claims in flight the step keeps between rounds equal those made afresh."""
+    rounds = {"all": 0, "kept": 0}
+    step_inputs = ScaleDownSteps._step_inputs
+
+    def checked(self: Controller, w: World) -> tuple[set[str], set[str], dict[str, str], frozenset[str]]:
+        before = self.__dict__.get("_step_inputs_memo")
+        got = step_inputs(self, w)
+        rounds["all"] += 1
+        rounds["kept"] += self.__dict__.get("_step_inputs_memo") is before
+        assert got == self._fresh_step_inputs(w)
+        return got
+
+    pool = _pool("2", 20.0)
+    engine = Engine()
+    cluster = SimCluster(engine, CATALOG, [pool], seed=5)
+    slow = replace(FAST, launch_latency=Dist.const(30.0), device_plugin_delay=Dist.const(20.0))
+    cloud = SimCloud(engine, CATALOG, slow, seed=5, listener=cluster)
+    ctrl = Controller(cluster, cloud, [pool], CATALOG, engine.clock, CONFIG)
+    ctrl._step_inputs = checked.__get__(ctrl)  # type: ignore[method-assign]
+    rng = random.Random(5)
+    for i in range(300):
+        pod = _pod(f"p{i}", rng.choice([0, 1, 1, 2]), rng.choice([500, 2000, 6000]), {})
+        engine.at(rng.uniform(0.0, 1200.0), cluster.add_pod, pod, rng.uniform(10.0, 200.0))
+    t = 0.0
+    while t < 1500.0:
+        t += 2.0
+        engine.run_until(t)
+        ctrl.reconcile()
+    assert rounds["all"] > 500 and 0 < rounds["kept"] < rounds["all"], rounds
+    assert any(e.kind == "Consolidate" for e in cluster.events)

@@ -163,6 +163,8 @@ class ConsolidationGate:
         )
         self._nodes_seen: list[Node] = []
         """The last round's node objects, in order (the same ones again: the same room)."""
+        self._node_names: frozenset[str] = frozenset()
+        """The names of ``_nodes_seen`` (made again when the node objects change)."""
         self._seen: tuple[frozenset[str], Mapping[str, str], frozenset[str]] = (frozenset(), {}, frozenset())
         """The last round's node names, pending pods planned onto nodes (pod -> node) and unplanned pending pods."""
         self.last_pass_at = -math.inf
@@ -236,8 +238,9 @@ class ConsolidationGate:
         prev_seen = self._nodes_seen
         self._nodes_seen = seen
         if len(seen) == len(prev_seen) and all(map(operator.is_, seen, prev_seen)):
-            room = prev_room  # the very same nodes as last round: the same room
+            room = prev_room  # the very same nodes as last round: the same room (and names)
         else:
+            self._node_names = frozenset(nodes)
             prev_alloc = prev_room.get
             room = fresh = {}
             for n in seen:
@@ -249,10 +252,11 @@ class ConsolidationGate:
         pods_moved: set[str] = set()
         if by_node != prev_by_node:  # (lists of the same pods compare equal at once)
             left_some, pods_moved = pod_moves(prev_by_node, by_node)  # nodes a pod left; nodes whose pods changed
-        changed = disrupting != prev_disrupting or unavailable_now != prev_unavailable
+        same_disrupting = disrupting == prev_disrupting
+        changed = not same_disrupting or unavailable_now != prev_unavailable
         changed = changed or (has_pdbs and bool(pods_moved))
         prev_names, prev_planned, prev_pending = self._seen
-        names = frozenset(nodes) | flying
+        names = self._node_names | flying if flying else self._node_names
         if planned:  # only a pending pod holds room on the node it is planned onto (as the pass sees it)
             waiting = {p.key for p in pods if p.pending}
             planned = {k: v for k, v in planned.items() if k in waiting}
@@ -273,7 +277,7 @@ class ConsolidationGate:
         # resting node's pods fit can still change its outcome (seen on the openb replay): no finer test is sound.
         changed = changed or bool(left_some) or bool(room_grew)
         touched = pods_moved | room_grew | (prev_room.keys() - room.keys())
-        self._room = (by_node, room, frozenset(disrupting), unavailable_now)
+        self._room = (by_node, room, prev_disrupting if same_disrupting else frozenset(disrupting), unavailable_now)
         if self._started:
             if self.timed and not self._started <= disrupting:  # a disruption the resting pass counted has ended
                 self.futile = {n: v for n, v in self.futile.items() if n not in self.timed}

@@ -48,40 +48,10 @@ class ScaleDownSteps(ShellBase):
         if not self.config.consolidation:
             return
         gate = self.gate
-        replacing = self.replacements.by_old
-        disrupting: set[str] = set(replacing)
-        held = self.gpr.keys(self.claims)  # a GPR's nodes are never consolidated while it holds them
-        # the candidate nodes depend on the Initialized claims, the nodes being replaced and the held claims only: kept
-        # while the table's Initialized claims (their phase version) and those two are the same (nothing changes the
-        # set once made; the claims of other phases are skipped, in table order as before)
-        key_of_candidates = (
-            self.claims,
-            self.claims.phase_version(ClaimPhase.INITIALIZED),
-            frozenset(replacing),
-            held,
-        )
-        if gate.candidate_nodes[0] == key_of_candidates:
-            candidates = gate.candidate_nodes[1]
-        else:
-            candidates = set()
-            for key, c in self.claims.items():
-                name = c.node_name
-                # neither a node being replaced nor one of its (already ready) replacements is a candidate
-                if (
-                    name
-                    and c.phase is ClaimPhase.INITIALIZED
-                    and name not in replacing
-                    and c.replaces not in replacing
-                    and key not in held
-                ):
-                    candidates.add(name)
-            gate.candidate_nodes = (key_of_candidates, candidates)
-        disrupting.update(c.node_name for _, c in self.claims.in_phases(LEAVING) if c.node_name)
+        candidates, disrupting, planned, flying = self._step_inputs(w)
         by_node = w.by_node()
         unavailable_now = frozenset(k for k, t in self.availability.offerings.items() if t > now)
         last_pass = gate.last_pass_at
-        planned = self._planned(w)
-        flying = frozenset(k for k, c in self.claims.in_phases(_FLYING) if c.node_name not in w.nodes)
         due = gate.select(
             candidates,
             disrupting,
@@ -189,6 +159,67 @@ class ScaleDownSteps(ShellBase):
                     "ReplacementFailed",
                     f"only {len(rids)} of {len(action.replacements)} replacement nodes launched; node kept",
                 )
+
+    def _step_inputs(self, w: World) -> tuple[set[str], set[str], dict[str, str], frozenset[str]]:
+        """The round's candidate nodes, nodes being disrupted, planned pods (:meth:`_planned`) and claims of nodes in
+        flight, as :meth:`_fresh_step_inputs` makes them. They depend on the claim table, the nodes being replaced, the
+        GPR-held claims, the names of the round's Nodes and the last plan's pods on existing nodes only: kept while
+        all of those are the same (the sets are the caller's copies; the rest are never changed)."""
+        claims = self.claims
+        key = (claims, claims.version, tuple(self.replacements.by_old), self.gpr.keys(claims))
+        last = self.__dict__.get("_step_inputs_memo")
+        if (
+            last is not None
+            and last[0] == key
+            and last[1] == self.scaleup.planned_on_node
+            and w.nodes.keys() == last[2]
+        ):
+            candidates, disrupting, planned, flying = last[3]
+            return candidates, set(disrupting), planned, flying
+        made = self._fresh_step_inputs(w)
+        self.__dict__["_step_inputs_memo"] = (
+            key,
+            dict(self.scaleup.planned_on_node),
+            frozenset(w.nodes),
+            (made[0], frozenset(made[1]), made[2], made[3]),
+        )
+        return made
+
+    def _fresh_step_inputs(self, w: World) -> tuple[set[str], set[str], dict[str, str], frozenset[str]]:
+        """:meth:`_step_inputs` computed afresh (the candidate node set itself is kept by the gate)."""
+        gate = self.gate
+        replacing = self.replacements.by_old
+        disrupting: set[str] = set(replacing)
+        held = self.gpr.keys(self.claims)  # a GPR's nodes are never consolidated while it holds them
+        # the candidate nodes depend on the Initialized claims, the nodes being replaced and the held claims only: kept
+        # while the table's Initialized claims (their phase version) and those two are the same (nothing changes the
+        # set once made; the claims of other phases are skipped, in table order as before)
+        key_of_candidates = (
+            self.claims,
+            self.claims.phase_version(ClaimPhase.INITIALIZED),
+            frozenset(replacing),
+            held,
+        )
+        if gate.candidate_nodes[0] == key_of_candidates:
+            candidates = gate.candidate_nodes[1]
+        else:
+            candidates = set()
+            for key, c in self.claims.items():
+                name = c.node_name
+                # neither a node being replaced nor one of its (already ready) replacements is a candidate
+                if (
+                    name
+                    and c.phase is ClaimPhase.INITIALIZED
+                    and name not in replacing
+                    and c.replaces not in replacing
+                    and key not in held
+                ):
+                    candidates.add(name)
+            gate.candidate_nodes = (key_of_candidates, candidates)
+        disrupting.update(c.node_name for _, c in self.claims.in_phases(LEAVING) if c.node_name)
+        planned = self._planned(w)
+        flying = frozenset(k for k, c in self.claims.in_phases(_FLYING) if c.node_name not in w.nodes)
+        return candidates, disrupting, planned, flying
 
     def _planned(self, w: World) -> dict[str, str]:
         """Pending pods already planned onto existing nodes (pod key -> node name)."""

@@ -57,6 +57,9 @@ class Row:
     top: int
     pos: tuple[int, int, int, int]
     """(cpu, mem, gpu, slots), each at least 0: what the row adds to the total free room."""
+    recv: tuple[Node, int, int, int, int, str | None, list[int]]
+    """(node, free CPU and memory at least 0, entirely free GPUs, largest free share, GPU model, ``g_row``): the row
+    as a pass's receivers list it."""
 
 
 def build_row(node: Node, pods: Sequence[Pod]) -> Row:
@@ -76,7 +79,8 @@ def build_row(node: Node, pods: Sequence[Pod]) -> Row:
     g_row, full, top = fresh_gpu_row(a.gpus, whole, tuple(fractions))
     slots = a.pods - len(pods)
     pos = (max(0, cpu), max(0, mem), max(0, gpu), max(0, slots))
-    return Row(node, pods, cpu, mem, gpu, slots, g_row, full, top, pos)
+    recv = (node, pos[0], pos[1], full, top, node.gpu_model, g_row)
+    return Row(node, pods, cpu, mem, gpu, slots, g_row, full, top, pos, recv)
 
 
 def rows_of(

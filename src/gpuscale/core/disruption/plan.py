@@ -283,9 +283,9 @@ def plan_disruption(
             out = []
             for n in dest:
                 f = room[n.name]
-                cpu, mem = max(0, f.cpu), max(0, f.mem)
-                if f.slots >= 1 and cpu >= lo_cpu and mem >= lo_mem:
-                    out.append((n, cpu, mem, f.full, f.top, n.gpu_model, f.g_row))
+                recv = f.recv  # (node, free CPU and memory at least 0, ...)
+                if f.slots >= 1 and recv[1] >= lo_cpu and recv[2] >= lo_mem:
+                    out.append(recv)
             receivers.append(out)
         return receivers[0]
 
