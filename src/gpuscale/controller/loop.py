@@ -38,7 +38,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from operator import attrgetter
 from typing import Any
 
 from gpuscale.clock import Clock
@@ -80,7 +79,6 @@ def _default_planner() -> PlanFn:
 
 
 _LIVE_PHASES = ("Pending", "Running", "")
-_NAME, _POOL = attrgetter("name"), attrgetter("pool")
 
 
 class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
@@ -256,7 +254,7 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
             if obs.same_nodes(listed):
                 nodes = dict(obs.nodes)  # a copy: the controller deletes from it during the round
             else:
-                nodes = self._normalised(listed)
+                nodes = {n.name: n if n.pool is not None else self._normalise(n) for n in listed}
                 obs.keep_nodes(listed, nodes)
             provided = self.provider.list_nodes()
             if provided is not obs.cloud_list:
@@ -276,13 +274,6 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
             world.share_grouping(last)
         obs.pods_world = world
         return world
-
-    @classmethod
-    def _normalised(cls, listed: Sequence[Node]) -> dict[str, Node]:
-        """The listed nodes by name, each with its pool (from its label when the backend left it out)."""
-        if None in map(_POOL, listed):
-            return {n.name: cls._normalise(n) for n in listed}
-        return dict(zip(map(_NAME, listed), listed, strict=True))  # in C: the list changes in a third of the rounds
 
     @staticmethod
     def _normalise(node: Node) -> Node:

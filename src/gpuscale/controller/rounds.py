@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from itertools import compress
-from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from gpuscale.controller.batching import PendingBatch
@@ -37,9 +35,6 @@ from gpuscale.providers.base import CloudNode
 if TYPE_CHECKING:
     from gpuscale.controller.availability import Availability
     from gpuscale.controller.shell import World
-
-
-_PHASE = attrgetter("phase")
 
 
 class ScaleUpState:
@@ -147,7 +142,7 @@ class Observation:
         changed). Only an immutable tuple is recognised again; the lists are shared, never changed."""
         if self.pods_list is not None and listed is self.pods_list:
             return self.pods, self.pods_world
-        pods = list(compress(listed, map(phases.__contains__, map(_PHASE, listed))))  # in C: every round
+        pods = [p for p in listed if p.phase in phases]
         self.pods_list, self.pods, self.pods_world = (listed if isinstance(listed, tuple) else None), pods, None
         return pods, None
 

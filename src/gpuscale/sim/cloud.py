@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from operator import attrgetter
 from typing import Protocol
 
 from gpuscale.core.model import CapacityType, Catalog, InstanceType, Offering, Taint
@@ -52,7 +51,6 @@ from gpuscale.providers.base import (
 from gpuscale.sim.engine import Dist, Engine, Timer, stream
 
 PROVIDER_NAME = "sim"
-_SNAP = attrgetter("snap")
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,8 +268,6 @@ class _Rec:
     def set_state(self, state: CloudNodeState) -> None:
         self.state = state
         self.snap = None
-        if state is not CloudNodeState.GONE:
-            self.snapshot()  # kept for every listed node: list_nodes reads them in C
 
     def snapshot(self) -> CloudNode:
         if self.snap is not None:
@@ -407,7 +403,7 @@ class SimCloud:
         if self._maybe_fault("list_nodes"):
             raise TransientProviderError("list_nodes: request timed out", provider=self.name)
         if self._listed[0] != self.version:
-            self._listed = (self.version, tuple(map(_SNAP, self._alive.values())))  # each alive record has one
+            self._listed = (self.version, tuple([r.snap or r.snapshot() for r in self._alive.values()]))
         return self._listed[1]
 
     def poll_errors(self) -> Sequence[ProviderEvent]:
