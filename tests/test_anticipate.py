@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from builders import OD, catalog, itype, pod, pool
@@ -22,6 +24,7 @@ from gpuscale.core.plan import PlannerConfig
 from gpuscale.core.planner import plan
 from gpuscale.core.reconcile.scaleup import LaunchOrder, ScaleUpDecision, decide_scale_up
 from gpuscale.errors import InputError
+from gpuscale.kube.policy import live_config, load_policy
 
 CAT = catalog(itype("g1", 8, 32, 1, "T4", price=0.6), itype("g4", 32, 128, 4, "T4", price=2.0))
 SPEC = AnticipateSpec(lead_s=600.0, recent_windows=6, max_extra_gpus=8)
@@ -207,3 +210,14 @@ def test_bad_setting_is_one_line_naming_the_field(value: object, where: str, mes
         ControllerConfig.from_policy({"anticipate": value})
     text = str(exc.value)
     assert where in text and message in text and "\n" not in text
+
+
+def test_policy_file_for_the_cluster_controller(tmp_path: Path) -> None:
+    """``gpuscale controller --policy-file`` reads the same setting, with the same one-line errors."""
+    f = tmp_path / "policy.yaml"
+    f.write_text("anticipate: {lead: 10m, maxExtraGpus: 2}\n")
+    cfg = live_config(load_policy(str(f)), None)
+    assert cfg.anticipate == AnticipateSpec(lead_s=600.0, max_extra_gpus=2)
+    f.write_text("anticipate: {maxExtraGpus: -1}\n")
+    with pytest.raises(InputError, match=r"anticipate\.maxExtraGpus"):
+        load_policy(str(f))
