@@ -1,0 +1,160 @@
+"""The README and docs/ cannot name what does not exist.
+
+Checked mechanically, against the code and the tree (never against a list kept here): every ``gpuscale ...``
+command line shown names real commands and options; every ``$ gpuscale ...`` console block shows that command's
+current output; every relative link resolves; docs/architecture.md's layer list is ``.importlinter``'s, and its
+module table names every package and only files that exist.
+"""
+
+from __future__ import annotations
+
+import configparser
+import re
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from gpuscale.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "gpuscale"
+DOCS = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+ARCH = ROOT / "docs" / "architecture.md"
+
+
+def _command_lines(text: str) -> Iterator[tuple[int, str]]:
+    """``gpuscale ...`` lines of code blocks, and inline code spans starting with ``gpuscale ``."""
+    in_code = False
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip().startswith("```"):
+            in_code = not in_code
+        elif in_code:
+            m = re.match(r"\s*(?:\$ )?(?:\S*/)?gpuscale\s+(\S.*)$", line)
+            if m:
+                yield n, m.group(1)
+        else:
+            for span in re.findall(r"`([^`]+)`", line):
+                m = re.match(r"(?:\.venv/bin/)?gpuscale\s+(.+)$", span)
+                if m:
+                    yield n, m.group(1)
+
+
+def _problems(args: str) -> list[str]:
+    """What in ``gpuscale ARGS`` (up to a comment or pipe) is not a command or option of the CLI."""
+    line = re.split(r"\s#|\||&&|;|>", args)[0]
+    try:
+        tokens = shlex.split(line)
+    except ValueError:
+        tokens = line.split()
+    ctx = click.Context(main)
+    cmd: click.Command = main
+    path = ["gpuscale"]
+    options = {o for p in main.params for o in (*p.opts, *p.secondary_opts)}
+    problems = []
+    for tok in tokens:
+        if tok.startswith("--") or re.fullmatch(r"-[a-zA-Z]", tok):
+            name = tok.split("=", 1)[0]
+            if name not in options | {"--help"}:
+                problems.append(f"no option {name} for {' '.join(path)}")
+        elif isinstance(cmd, click.Group) and re.fullmatch(r"[a-z][a-z0-9-]*(\|[a-z][a-z0-9-]*)*", tok):
+            subs = [cmd.get_command(ctx, name) for name in tok.split("|")]
+            if any(s is None for s in subs):
+                problems.append(f"no command {tok} in {' '.join(path)}")
+                break
+            cmd = subs[0]  # type: ignore[assignment]
+            path.append(tok.split("|")[0])
+            options |= {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
+        elif isinstance(cmd, click.Group):
+            break  # prose after the command name ("gpuscale (no cluster...)")
+    return problems
+
+
+def test_every_command_line_shown_names_real_commands_and_options() -> None:
+    shown, wrong = 0, []
+    for doc in DOCS:
+        for n, args in _command_lines(doc.read_text(encoding="utf-8")):
+            shown += 1
+            wrong += [f"{doc.relative_to(ROOT)}:{n}: gpuscale {args.strip()}: {p}" for p in _problems(args)]
+    assert shown > 100, "the command lines of the docs were not found"
+    assert not wrong, "\n".join(wrong)
+
+
+def _console_blocks() -> Iterator[tuple[str, str, str]]:
+    for doc in DOCS:
+        for block in re.findall(r"```console\n(.*?)```", doc.read_text(encoding="utf-8"), flags=re.DOTALL):
+            first, _, output = block.partition("\n")
+            if first.startswith("$ gpuscale "):
+                yield f"{doc.relative_to(ROOT)}: {first}", first.removeprefix("$ gpuscale "), output
+
+
+@pytest.mark.parametrize(("where", "args", "shown"), list(_console_blocks()), ids=lambda v: str(v)[:60])
+def test_console_blocks_show_the_commands_current_output(where: str, args: str, shown: str) -> None:
+    result = CliRunner().invoke(main, shlex.split(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == shown.strip(), f"{where}: the output shown is stale; now:\n{result.stdout}"
+
+
+def test_relative_links_resolve() -> None:
+    broken = []
+    for doc in DOCS:
+        for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+            for target in re.findall(r"\]\(([^)\s]+)\)", line):
+                local = not target.startswith(("http:", "https:", "#", "mailto:"))
+                if local and not (doc.parent / target.split("#", 1)[0]).exists():
+                    broken.append(f"{doc.relative_to(ROOT)}:{n}: {target}")
+    assert not broken, broken
+
+
+def _importlinter_layers() -> list[set[str]]:
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / ".importlinter")
+    lines = cfg["importlinter:contract:layers"]["layers"].split("\n")
+    return [{m.strip() for m in line.split("|")} for line in lines if line.strip()]
+
+
+def _documented_layers() -> list[set[str]]:
+    """The layers of architecture.md's first code block: a line indented 3 spaces starts a layer (the leaf modules'
+    line, a list with commas, does not); the names on the adapters line and its continuations form one layer."""
+    block = ARCH.read_text(encoding="utf-8").split("```", 2)[1]
+    layers: list[set[str]] = []
+    in_group = False
+    for line in block.splitlines():
+        names = re.findall(r"\bgpuscale\.\w+", line)
+        if re.match(r"   \S", line):
+            in_group = line.strip().startswith("adapters")
+            if in_group:
+                layers.append(set(names))
+            elif names and not re.match(r"\s*gpuscale\.\w+,", line):
+                layers.append({names[0]})
+        elif in_group and names:
+            layers[-1] |= set(names)
+    return layers
+
+
+def test_architecture_layer_list_is_the_importlinter_one() -> None:
+    assert _documented_layers() == _importlinter_layers()
+
+
+def _module_table() -> list[str]:
+    table = ARCH.read_text(encoding="utf-8").split("## Where things are", 1)[1]
+    return [row.split("|")[2] for row in table.splitlines()[2:] if row.startswith("|")]
+
+
+def test_architecture_module_table_names_existing_files_and_every_package() -> None:
+    cells = " ".join(_module_table())
+    spans = re.findall(r"`([^`]+)`", cells)
+    missing = []
+    for span in spans:
+        bases = (SRC, ROOT, SRC / "providers", SRC / "kube")
+        if re.fullmatch(r"[\w/]+(\.py)?/?", span) and "/" in span and not any((b / span).exists() for b in bases):
+            missing.append(span)
+        if re.fullmatch(r"\w+\.py", span) and not any(SRC.rglob(span)):
+            missing.append(span)
+    assert not missing, f"named in docs/architecture.md but not in the tree: {missing}"
+    packages = {p.parent.relative_to(SRC).as_posix() for p in SRC.rglob("__init__.py")} - {"."}
+    unnamed = {p for p in packages if f"{p}/" not in cells and f"{p}/" not in " ".join(spans)}
+    assert not unnamed, f"packages the module table does not name: {sorted(unnamed)}"
