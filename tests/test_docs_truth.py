@@ -11,6 +11,7 @@ from __future__ import annotations
 import configparser
 import re
 import shlex
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -158,3 +159,20 @@ def test_architecture_module_table_names_existing_files_and_every_package() -> N
     packages = {p.parent.relative_to(SRC).as_posix() for p in SRC.rglob("__init__.py")} - {"."}
     unnamed = {p for p in packages if f"{p}/" not in cells and f"{p}/" not in " ".join(spans)}
     assert not unnamed, f"packages the module table does not name: {sorted(unnamed)}"
+
+
+def test_install_extras_table_lists_each_extras_packages() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    wanted = {"(none)": project["dependencies"], **project["optional-dependencies"]}
+    table = (ROOT / "docs" / "install.md").read_text(encoding="utf-8").split("## Extras", 1)[1].split("\n## ", 1)[0]
+    documented = {}
+    for row in table.splitlines()[4:]:
+        if row.startswith("|"):
+            extra, packages = (c.strip().strip("`") for c in row.split("|")[1:3])
+            documented[extra] = packages
+    assert set(documented) == set(wanted), "docs/install.md's extras are not pyproject.toml's"
+    for extra, requirements in wanted.items():
+        if extra != "dev":
+            names = {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower() for r in requirements}
+            shown = {n.strip().lower() for n in documented[extra].split(",")}
+            assert shown == names, f"docs/install.md, extra {extra}: {sorted(shown)}, pyproject.toml: {sorted(names)}"
