@@ -17,9 +17,11 @@ from pathlib import Path
 
 import click
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from gpuscale.cli import main
+from gpuscale.sim.scenario import parse_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "gpuscale"
@@ -176,3 +178,44 @@ def test_install_extras_table_lists_each_extras_packages() -> None:
             names = {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower() for r in requirements}
             shown = {n.strip().lower() for n in documented[extra].split(",")}
             assert shown == names, f"docs/install.md, extra {extra}: {sorted(shown)}, pyproject.toml: {sorted(names)}"
+
+
+SIMULATOR = ROOT / "docs" / "simulator.md"
+COMPARED = ("cloud", "cluster", "pdbs", "seed", "description", "policy")
+"""The Scenario fields a documented default may affect."""
+BASE_SCENARIO = {
+    "name": "defaults",
+    "catalog": "linode",
+    "pools": [{"name": "gpu"}],
+    "workload": {"source": "burst", "count": 1, "shape": {"cpu": 1, "memory": "1Gi", "gpus": 1}, "runtime": "1m"},
+}
+
+
+def _documented_defaults(table: str) -> Iterator[tuple[str, object]]:
+    """(key, value) of each row of ``table`` in simulator.md whose default is a YAML value or a lognormal."""
+    body = SIMULATOR.read_text(encoding="utf-8").split(f"<!-- {table}:begin", 1)[1].split(f"<!-- {table}:end", 1)[0]
+    for row in body.splitlines()[3:]:
+        key, default = (c.strip() for c in row.split("|")[1:3])
+        lognormal = re.fullmatch(r"lognormal, median (\S+), sigma (\S+)", default)
+        if lognormal:
+            yield key.strip("`"), {"distribution": "lognormal", "median": lognormal[1], "sigma": float(lognormal[2])}
+        elif re.fullmatch(r"`[^`]+`", default):
+            yield key.strip("`"), yaml.safe_load(default.strip("`"))
+
+
+@pytest.mark.parametrize(("table", "section"), [("cloud-keys", ("cloud",)), ("fault-keys", ("cloud", "faults")),
+                                                ("cluster-keys", ("cluster",)), ("scenario-keys", ())])  # fmt: skip
+def test_documented_scenario_defaults_are_the_readers_defaults(table: str, section: tuple[str, ...]) -> None:
+    """Writing a key with its documented default gives the same scenario as leaving it out."""
+    base = parse_scenario(yaml.safe_dump(BASE_SCENARIO))
+    defaults = list(_documented_defaults(table))
+    assert defaults, f"{table}: no documented defaults found"
+    for key, value in defaults:
+        doc = yaml.safe_load(yaml.safe_dump(BASE_SCENARIO))
+        target = doc
+        for part in section:
+            target = target.setdefault(part, {})
+        target[key] = value
+        got = parse_scenario(yaml.safe_dump(doc))
+        wrong = [f for f in COMPARED if getattr(got, f) != getattr(base, f)]
+        assert not wrong, f"docs/simulator.md {table}: {key}: {value!r} is not the default (changes {wrong})"
