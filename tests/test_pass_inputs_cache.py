@@ -180,3 +180,42 @@ def test_the_consolidation_steps_kept_inputs_equal_fresh_ones() -> None:
         ctrl.reconcile()
     assert rounds["all"] > 500 and 0 < rounds["kept"] < rounds["all"], rounds
     assert any(e.kind == "Consolidate" for e in cluster.events)
+
+
+def test_rounds_with_only_deletions_not_due_drain_nothing() -> None:
+    """The drain step skips drain_step when every leaving claim is Deleting with its repeat not due: on every such
+    round of a simulated cluster, drain_step would indeed decide nothing."""
+    from gpuscale.controller.shell import LEAVING
+    from gpuscale.core.nodeclaim import ClaimPhase
+    from gpuscale.core.reconcile import drain_step
+
+    skipped = {"rounds": 0}
+    drain_and_delete = ScaleDownSteps._drain_and_delete
+
+    def checked(self: Controller, w: World, result: Any) -> None:
+        leaving = self.claims.in_phases(LEAVING)
+        due = self.deletions.retry_at
+        if leaving and all(c.phase is ClaimPhase.DELETING and due.get(k, -1e18) > w.now for k, c in leaving):
+            skipped["rounds"] += 1
+            d = drain_step(leaving, w.by_node(), w.nodes, w.pods, w.pdbs, self.replacements.involuntary, due, w.now,
+                           evicting_since=self.deletions.evicting_since)  # fmt: skip
+            assert d.actions == [] and not d.replan
+        drain_and_delete(self, w, result)
+
+    pool = _pool("2", 20.0)
+    engine = Engine()
+    cluster = SimCluster(engine, CATALOG, [pool], seed=7)
+    slow = replace(FAST, deletion_latency=Dist.const(60.0))
+    cloud = SimCloud(engine, CATALOG, slow, seed=7, listener=cluster)
+    ctrl = Controller(cluster, cloud, [pool], CATALOG, engine.clock, CONFIG)
+    ctrl._drain_and_delete = checked.__get__(ctrl)  # type: ignore[method-assign]
+    rng = random.Random(7)
+    for i in range(150):
+        pod = _pod(f"p{i}", rng.choice([0, 1, 2]), rng.choice([500, 6000]), {})
+        engine.at(rng.uniform(0.0, 900.0), cluster.add_pod, pod, rng.uniform(10.0, 200.0))
+    t = 0.0
+    while t < 1200.0:
+        t += 2.0
+        engine.run_until(t)
+        ctrl.reconcile()
+    assert skipped["rounds"] > 10, skipped

@@ -299,12 +299,18 @@ class ConsolidationGate:
         # a node's clock runs from when it became a candidate, whatever its reason since (see docs/controller.md)
         if self.since.keys() != classes.keys():  # (equal keys: the same map again)
             self.since = {n: self.since.get(n, now) for n in classes}
-        return [
-            n
-            for n, why in classes.items()
-            if n not in self.futile
-            and (why is DisruptionReason.DRIFTED or now - self.since[n] >= self.wait_s(n, pool_of))
-        ]
+        due: list[str] = []
+        futile, since, known = self.futile, self.since, self.classes
+        for name, why in classes.items():  # (wait_s, inlined: every candidate, every round)
+            if name in futile:
+                continue
+            if why is not DisruptionReason.DRIFTED:
+                pool = pool_of(name)
+                wait = pool.disruption.wait_s(known.get(name) is DisruptionReason.EMPTY) if pool is not None else 0.0
+                if now - since[name] < wait:
+                    continue
+            due.append(name)
+        return due
 
     def open_pass(self, due: Sequence[str], now: float) -> bool:
         """True if a pass may run now over ``due`` (the pass rate allows it); records the pass."""

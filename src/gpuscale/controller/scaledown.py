@@ -5,6 +5,7 @@ with retries at due times, and the removal of orphaned Node objects."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -337,6 +338,9 @@ class ScaleDownSteps(ShellBase):
         if not leaving:
             return
         now = w.now
+        due = self.deletions.retry_at
+        if all(c.phase is ClaimPhase.DELETING and due.get(k, -math.inf) > now for k, c in leaving):
+            return  # only deletions whose repeat is not due: drain_step decides nothing for them
         graces = {name: p.disruption.termination_grace_period_s for name, p in self.pools.items()}
         d = drain_step(
             leaving,
