@@ -39,6 +39,7 @@ from gpuscale.core.templates import template_allocatable, template_labels
 ANTICIPATED_NAMESPACE = "gpuscale.io~anticipated"
 """The namespace of the expected pods shown to the planner (no real pod can have it: ``~`` is not allowed)."""
 LOWEST_PRIORITY = -(2**31)
+"""The expected pods' priority: the planner places every real pod before them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +57,7 @@ class AnticipateSpec:
     cold_start_s: float = 200.0
     """What a pod landing in room already bought saves: this long of waiting and of a node's boot."""
     max_extra_gpus: int = 8
-    """At most this many GPUs of expected pods per plan, and at most this many more GPUs bought than the plain plan."""
+    """At most this many GPUs of expected pods per plan, and of extra nodes."""
 
     @property
     def forecast_spec(self) -> HeadroomSpec:
