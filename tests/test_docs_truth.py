@@ -219,3 +219,32 @@ def test_documented_scenario_defaults_are_the_readers_defaults(table: str, secti
         got = parse_scenario(yaml.safe_dump(doc))
         wrong = [f for f in COMPARED if getattr(got, f) != getattr(base, f)]
         assert not wrong, f"docs/simulator.md {table}: {key}: {value!r} is not the default (changes {wrong})"
+
+
+def _shipped_scenarios() -> dict[str, Path]:
+    """Shipped scenario files by their ``name``."""
+    out: dict[str, Path] = {}
+    for folder in (ROOT / "benchmarks" / "scenarios", SRC / "examples"):
+        for path in sorted(folder.glob("*.yaml")):
+            doc = next(yaml.safe_load_all(path.read_text(encoding="utf-8")), None)
+            if isinstance(doc, dict) and isinstance(doc.get("name"), str) and "workload" in doc:
+                out.setdefault(doc["name"], path)
+    return out
+
+
+def test_scenarios_shown_in_the_docs_are_the_shipped_files_or_parse() -> None:
+    """A scenario block named like a shipped scenario is that file; any other scenario block is a valid scenario."""
+    shipped = _shipped_scenarios()
+    checked = 0
+    for doc in DOCS:
+        for block in re.findall(r"```yaml\n(.*?)```", doc.read_text(encoding="utf-8"), flags=re.DOTALL):
+            data = yaml.safe_load(block)
+            if not (isinstance(data, dict) and "workload" in data and "pools" in data):
+                continue
+            checked += 1
+            if data.get("name") in shipped:
+                path = shipped[data["name"]]
+                assert data == yaml.safe_load(path.read_text(encoding="utf-8")), f"{doc.name}: stale copy of {path}"
+            else:
+                parse_scenario(block, source=f"{doc.name} scenario {data.get('name')}")
+    assert checked >= 3
