@@ -9,6 +9,7 @@ module table names every package and only files that exist.
 from __future__ import annotations
 
 import configparser
+import dataclasses
 import re
 import shlex
 import tomllib
@@ -248,3 +249,18 @@ def test_scenarios_shown_in_the_docs_are_the_shipped_files_or_parse() -> None:
             else:
                 parse_scenario(block, source=f"{doc.name} scenario {data.get('name')}")
     assert checked >= 3
+
+
+@pytest.mark.parametrize(
+    ("doc", "module", "config"), [("gcp.md", "gpuscale.providers.gcp", "GcpConfig"),
+                                  ("alibaba.md", "gpuscale.providers.alibaba", "AlibabaConfig")],
+)  # fmt: skip
+def test_provider_config_defaults_shown_are_the_dataclass_defaults(doc: str, module: str, config: str) -> None:
+    """Each "`field` (default" of a provider page's configuration is that field's default in the config class."""
+    cls = getattr(pytest.importorskip(module), config)
+    defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    text = (ROOT / "docs" / "providers" / doc).read_text(encoding="utf-8")
+    shown = {k: v for k, v in re.findall(r"`(\w+)`\s+\(`?([\w.]+)`?[,)]", text) if k in defaults}
+    assert shown, f"{doc}: no configuration defaults found"
+    for name, value in shown.items():
+        assert str(defaults[name]) in {value, f"{value}.0"}, f"docs/providers/{doc}: {name} is {defaults[name]}"
