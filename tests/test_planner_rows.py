@@ -75,6 +75,13 @@ def test_reused_rows_give_the_state_built_afresh(
 ) -> None:
     existing._ROWS.clear()
     existing._ROWS_SIZE = size  # 3: the rows are forgotten again and again
+    try:
+        _run(steps)
+    finally:
+        existing._ROWS_SIZE = 8192
+
+
+def _run(steps: list[tuple[list[Node], list[Pod], int, int]]) -> None:
     nodes: dict[str, Node] = {}
     pods: dict[str, Pod] = {}
     for new_nodes, new_pods, drop_nodes, drop_pods in steps:
@@ -90,7 +97,6 @@ def test_reused_rows_give_the_state_built_afresh(
         if len(state):
             state.occupy(Request(100, 100, 1), 0)  # the arrays are the state's own: the rows kept do not change
         _assert_same(_fresh(snapshot), ExistingNodes(snapshot, "best-fit").initial_state())
-    existing._ROWS_SIZE = 8192
 
 
 def test_the_arena_grows_and_gathers_any_rows_in_any_order() -> None:

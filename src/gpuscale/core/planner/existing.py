@@ -3,6 +3,7 @@ is active (``Snapshot.workloads``) its nodes take only pods its ``workloadSelect
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from operator import attrgetter
 
@@ -29,6 +30,7 @@ allocatable and GPU model, the pods' requests, the width), so it is reused while
 pods are equal (a controller plans again and again with most nodes and their pods the same objects); a node whose
 row differs gets a new slot. Everything is forgotten once ``_ROWS_SIZE`` rows are stored."""
 _ROWS_SIZE = 8192
+_ROWS_LOCK = threading.Lock()
 
 
 def _rows_table(width: int) -> tuple[RowArena, dict[str, _Row]]:
@@ -79,17 +81,19 @@ class ExistingNodes:
             elif p.gang and p.node_name is None and p.phase == "Pending":
                 gangs = True
         width = max([*(n.allocatable.gpus for n in nodes), 1])
-        arena, rows = _rows_table(width)
-        slots: list[int] = []
-        for n, pods in zip(nodes, bound, strict=True):
+        for pods in bound:
             if len(pods) > 1:
                 pods.sort(key=_KEY)  # pods bound to a node are accounted in key order
-            row = rows.get(n.name)
-            if row is None or row[0] is not n or row[2] != pods:
-                v, gpus = occupied_row(n.allocatable, width, [p.request for p in pods])
-                row = rows[n.name] = (n, arena.add(v, gpus, n.gpu_model), pods)
-            slots.append(row[1])
-        state = arena.state([n.name for n in nodes], slots)  # == ClusterState.occupied(...) of these rows
+        slots: list[int] = []
+        with _ROWS_LOCK:  # planners in other threads share the table: a slot is taken by one row only
+            arena, rows = _rows_table(width)
+            for n, pods in zip(nodes, bound, strict=True):
+                row = rows.get(n.name)
+                if row is None or row[0] is not n or row[2] != pods:
+                    v, gpus = occupied_row(n.allocatable, width, [p.request for p in pods])
+                    row = rows[n.name] = (n, arena.add(v, gpus, n.gpu_model), pods)
+                slots.append(row[1])
+            state = arena.state([n.name for n in nodes], slots)  # == ClusterState.occupied(...) of these rows
         self._scorer_ready = False
         if gangs:
             self._prepare_scorer(state)  # gang trials change the state before the first placement
