@@ -264,3 +264,24 @@ def test_provider_config_defaults_shown_are_the_dataclass_defaults(doc: str, mod
     assert shown, f"{doc}: no configuration defaults found"
     for name, value in shown.items():
         assert str(defaults[name]) in {value, f"{value}.0"}, f"docs/providers/{doc}: {name} is {defaults[name]}"
+
+
+def test_benchmark_command_lines_use_existing_scripts_and_flags() -> None:
+    """``benchmarks/NAME.py ARGS`` shown anywhere: the script exists and defines every ``--flag`` shown."""
+    wrong, shown = [], 0
+    for doc in DOCS:
+        for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+            for script, args in re.findall(r"benchmarks/(\w+\.py)((?:\s+[^\s`#|)]+)*)", line):
+                path = ROOT / "benchmarks" / script
+                shown += 1
+                if not path.is_file():
+                    wrong.append(f"{doc.name}:{n}: no {script}")
+                    continue
+                source = path.read_text(encoding="utf-8")
+                for sibling in re.findall(r"^(?:from|import) (\w+)", source, flags=re.MULTILINE):
+                    if (ROOT / "benchmarks" / f"{sibling}.py").is_file():  # flags it imports (add_option_args)
+                        source += (ROOT / "benchmarks" / f"{sibling}.py").read_text(encoding="utf-8")
+                flags = re.findall(r"(?<![\w-])--[a-z][\w-]*", args)
+                wrong += [f"{doc.name}:{n}: {script} has no {f}" for f in flags if f'"{f}"' not in source]
+    assert shown > 10
+    assert not wrong, wrong
