@@ -285,3 +285,14 @@ def test_benchmark_command_lines_use_existing_scripts_and_flags() -> None:
                 wrong += [f"{doc.name}:{n}: {script} has no {f}" for f in flags if f'"{f}"' not in source]
     assert shown > 10
     assert not wrong, wrong
+
+
+def test_controller_md_names_the_static_block_reasons_and_gate_verdicts() -> None:
+    """The reasons of pods never planned again (``STATIC_BLOCKS``) and the scale-up gate's verdicts (``Gate``)."""
+    from gpuscale.core.reconcile.scaleup import STATIC_BLOCKS, Gate
+
+    text = " ".join((ROOT / "docs" / "controller.md").read_text(encoding="utf-8").split())
+    blocked = text.split("Some pods are blocked for a reason no cluster change can lift:", 1)[1].split(".", 1)[0]
+    assert set(re.findall(r"`(\w+)`", blocked)) == {r.value for r in STATIC_BLOCKS}
+    verdicts = text.split("`gate_scale_up` (", 1)[1].split("(the rules above)", 1)[0].split("→", 1)[1]
+    assert set(re.findall(r"\w+", verdicts)) - {"or"} == {g.value for g in Gate}
