@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpuscale.core import labels as L
 from gpuscale.core.model import (
     CapacityType,
@@ -125,8 +127,8 @@ def node(
     return Node(name, Resources(cpu, mem_mib, gpus), lab, taints, unschedulable, pool, launching)
 
 
-def pool(name: str = "gpu", **kw: object) -> NodePool:
-    return NodePool(name=name, **kw)  # type: ignore[arg-type]
+def pool(name: str = "gpu", **kw: Any) -> NodePool:
+    return NodePool(name=name, **kw)
 
 
 def req(key: str, op: str, *values: str) -> Requirement:

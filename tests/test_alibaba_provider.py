@@ -64,8 +64,8 @@ def _provider(fake: FakeAlibabaAPI, clock: ManualClock, secret: str | None = Non
     )
 
 
-def _req(rid: str, count: int = 1, zone: str = "us-east-1a", **kw: object) -> LaunchRequest:
-    return LaunchRequest(rid, "gpu", ITYPE, zone, count=count, labels={"team": "ml"}, **kw)  # type: ignore[arg-type]
+def _req(rid: str, count: int = 1, zone: str = "us-east-1a", **kw: Any) -> LaunchRequest:
+    return LaunchRequest(rid, "gpu", ITYPE, zone, count=count, labels={"team": "ml"}, **kw)
 
 
 class AlibabaBackend(FakeBackend[AlibabaProvider, FakeAlibabaAPI]):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -33,17 +34,17 @@ FAST = Behavior(
 )
 
 
-def spec(**kw: object) -> ScalerSpec:
-    base: dict[str, object] = {
+def spec(**kw: Any) -> ScalerSpec:
+    base: dict[str, Any] = {
         "triggers": (Trigger("q", MetricTarget("q", MetricKind.AVERAGE_VALUE, 10), activation=5),),
         "min_replicas": 0, "max_replicas": 20, "polling_interval_s": 30, "cooldown_s": 300, "behavior": FAST,
     }  # fmt: skip
     base.update(kw)
-    return ScalerSpec(**base)  # type: ignore[arg-type]
+    return ScalerSpec(**base)
 
 
-def desired(s: ScalerSpec, steps: Sequence[tuple[float, Mapping[str, float]]], **kw: object) -> list[int]:
-    rows = replay(s, [HistoryStep(t, m) for t, m in steps], **kw)  # type: ignore[arg-type]
+def desired(s: ScalerSpec, steps: Sequence[tuple[float, Mapping[str, float]]], **kw: Any) -> list[int]:
+    rows = replay(s, [HistoryStep(t, m) for t, m in steps], **kw)
     return [r.desired for r in rows]
 
 

@@ -7,6 +7,7 @@ import base64
 import json
 import logging
 import traceback
+from typing import Any
 
 import pytest
 
@@ -39,8 +40,8 @@ def world(aws: MotoAws) -> World:
     return build_world(aws)
 
 
-def make_provider(aws: MotoAws, world: World, **overrides: object) -> AwsProvider:
-    settings: dict[str, object] = {
+def make_provider(aws: MotoAws, world: World, **overrides: Any) -> AwsProvider:
+    settings: dict[str, Any] = {
         "cluster_name": world.cluster,
         "region": REGION,
         "subnet_ids": tuple(world.subnets.values()),
@@ -50,10 +51,10 @@ def make_provider(aws: MotoAws, world: World, **overrides: object) -> AwsProvide
         "endpoint_url": aws.proxy.url,
         **overrides,
     }
-    return AwsProvider(AwsConfig(**settings), session=aws.session(), clock=ManualClock(1_000.0))  # type: ignore[arg-type]
+    return AwsProvider(AwsConfig(**settings), session=aws.session(), clock=ManualClock(1_000.0))
 
 
-def req(request_id: str, *, zone: str = REGION, spot: bool = False, count: int = 2, **kw: object) -> LaunchRequest:
+def req(request_id: str, *, zone: str = REGION, spot: bool = False, count: int = 2, **kw: Any) -> LaunchRequest:
     return LaunchRequest(
         request_id=request_id,
         pool=str(kw.pop("pool", "gpu")),
@@ -61,7 +62,7 @@ def req(request_id: str, *, zone: str = REGION, spot: bool = False, count: int =
         zone=zone,
         capacity_type=CapacityType.SPOT if spot else CapacityType.ON_DEMAND,
         count=count,
-        **kw,  # type: ignore[arg-type]
+        **kw,
     )
 
 

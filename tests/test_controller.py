@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, example, given, settings
@@ -70,15 +71,15 @@ FAST = CloudBehaviour(
 CONFIG = ControllerConfig(planner=PlannerConfig(exact_solver=False))
 
 
-def gpu_pool(**kw: object) -> NodePool:
+def gpu_pool(**kw: Any) -> NodePool:
     kw.setdefault("instance_types", ("g1", "g4"))
     kw.setdefault("capacity_types", (OD,))
     kw.setdefault("disruption", Disruption(consolidate_after_s=60.0, budgets=(DisruptionBudget("100%"),)))
-    return NodePool("gpu", **kw)  # type: ignore[arg-type]
+    return NodePool("gpu", **kw)
 
 
-def gpod(name: str, gpus: int = 1, cpu: int = 4000, **kw: object) -> Pod:
-    return Pod(name, request=Request(cpu_milli=cpu, memory_mib=4096, gpus=gpus), **kw)  # type: ignore[arg-type]
+def gpod(name: str, gpus: int = 1, cpu: int = 4000, **kw: Any) -> Pod:
+    return Pod(name, request=Request(cpu_milli=cpu, memory_mib=4096, gpus=gpus), **kw)
 
 
 class Harness:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from gpuscale.controller.availability import Availability, SqliteStore
 from gpuscale.controller.loop import Controller, EventKind
@@ -18,9 +19,9 @@ OD = CapacityType.ON_DEMAND
 class StoredHarness(Harness):
     """A harness whose controllers share one SQLite availability store (a restart opens it again)."""
 
-    def __init__(self, path: Path, **kw: object) -> None:
+    def __init__(self, path: Path, **kw: Any) -> None:
         self.path = path
-        super().__init__(**kw)  # type: ignore[arg-type]
+        super().__init__(**kw)
 
     def new_controller(self) -> Controller:
         store = SqliteStore(self.path)

@@ -4,6 +4,7 @@ adopts, consolidates or deletes them), and both read one Availability record."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from builders import ONE_CLOUD as CATALOG
 from builders import ONE_CLOUD_FAST as FAST
@@ -43,7 +44,7 @@ SPEC = {
 }
 
 
-def _run(tmp_path: Path, **controller_kw: object) -> tuple[Controller, GprManager, SimCloud, str]:
+def _run(tmp_path: Path, **controller_kw: Any) -> tuple[Controller, GprManager, SimCloud, str]:
     engine = Engine()
     cluster = SimCluster(engine, CATALOG, [POOL], seed=1)
     cloud = SimCloud(engine, CATALOG, FAST, seed=1, listener=cluster)
@@ -53,7 +54,7 @@ def _run(tmp_path: Path, **controller_kw: object) -> tuple[Controller, GprManage
     # a registration deadline shorter than this cloud's registration latency: a node the controller wrongly took for its
     # own would time out and be deleted
     cfg = ControllerConfig(planner=PlannerConfig(exact_solver=False), deadlines=Deadlines(registration_s=3.0))
-    ctrl = Controller(cluster, cloud, [POOL], CATALOG, clock, cfg, availability=shared, **controller_kw)  # type: ignore[arg-type]
+    ctrl = Controller(cluster, cloud, [POOL], CATALOG, clock, cfg, availability=shared, **controller_kw)
     g = manager.create(SPEC)
     t = 0.0
     while t < 600.0:

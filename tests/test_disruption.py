@@ -64,9 +64,9 @@ TYPES = CATALOG.by_name()
 NOW = 1_000_000.0
 
 
-def pool(name: str = "gpu", **kw: object) -> NodePool:
+def pool(name: str = "gpu", **kw: Any) -> NodePool:
     disruption = kw.pop("disruption", Disruption(consolidate_after_s=30.0, budgets=(DisruptionBudget("100%"),)))
-    return NodePool(name, disruption=disruption, **kw)  # type: ignore[arg-type]
+    return NodePool(name, disruption=disruption, **kw)
 
 
 def node(name: str, itype: str, p: NodePool, ct: CapacityType = OD, **labels: str) -> Node:
@@ -77,13 +77,13 @@ def node(name: str, itype: str, p: NodePool, ct: CapacityType = OD, **labels: st
     return Node(name, template_allocatable(p, t), lab, p.taints, pool=p.name, hourly_cost=off.hourly_price)
 
 
-def pod(name: str, on: str | None, gpus: int = 0, cpu: int = 500, milli: int = 0, **kw: object) -> Pod:
+def pod(name: str, on: str | None, gpus: int = 0, cpu: int = 500, milli: int = 0, **kw: Any) -> Pod:
     return Pod(
         name,
         request=Request(cpu_milli=cpu, memory_mib=512, gpus=gpus, gpu_milli=milli),
         node_name=on,
         phase="Running" if on else "Pending",
-        **kw,  # type: ignore[arg-type]
+        **kw,
     )
 
 

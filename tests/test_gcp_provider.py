@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
@@ -50,15 +51,15 @@ def _fake(clock: ManualClock, **kw: float) -> FakeGcpAPI:
     return fake
 
 
-def _provider(fake: FakeGcpAPI, clock: ManualClock, credentials: object = None, **kw: object) -> GcpProvider:
-    config = GcpConfig("proj-1", "us-central1", "gpu-c", ZONES, api_endpoint=fake.endpoint, timeout_s=5.0, **kw)  # type: ignore[arg-type]
+def _provider(fake: FakeGcpAPI, clock: ManualClock, credentials: object = None, **kw: Any) -> GcpProvider:
+    config = GcpConfig("proj-1", "us-central1", "gpu-c", ZONES, api_endpoint=fake.endpoint, timeout_s=5.0, **kw)
     return GcpProvider(config, credentials=credentials or AnonymousCredentials(), clock=clock)  # type: ignore[no-untyped-call]  # google-auth leaves __init__ unannotated
 
 
 def _req(
-    rid: str, count: int = 1, zone: str = "us-central1-a", itype: str = "g2-standard-8", **kw: object
+    rid: str, count: int = 1, zone: str = "us-central1-a", itype: str = "g2-standard-8", **kw: Any
 ) -> LaunchRequest:
-    return LaunchRequest(rid, "gpu", itype, zone, count=count, labels={"team": "ml"}, **kw)  # type: ignore[arg-type]
+    return LaunchRequest(rid, "gpu", itype, zone, count=count, labels={"team": "ml"}, **kw)
 
 
 class GcpBackend(FakeBackend[GcpProvider, FakeGcpAPI]):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -83,9 +84,9 @@ def gpr(gid: str, created: float = T0, **kw: object) -> Gpr:
     return new_gpr(gid, parse_gpr_spec(spec(**kw), CATALOG), CATALOG, created)
 
 
-def node(name: str, model: str = "RTX4000-Ada", gpus: int = 1, **kw: object) -> GprNode:
+def node(name: str, model: str = "RTX4000-Ada", gpus: int = 1, **kw: Any) -> GprNode:
     itype = {"RTX4000-Ada": "g2-rtx4000a1-s", "RTX6000": "g1-rtx6000-1"}[model] if gpus == 1 else "g2-rtx4000a4-s"
-    return GprNode(name=name, instance_type=itype, gpu_model=model, gpu_count=gpus, gpu_memory_mib=20480, **kw)  # type: ignore[arg-type]
+    return GprNode(name=name, instance_type=itype, gpu_model=model, gpu_count=gpus, gpu_memory_mib=20480, **kw)
 
 
 def holding(g: Gpr, nodes: tuple[str, ...], *, start: float, state: GprState = GprState.PROVISIONED) -> Gpr:

@@ -38,8 +38,8 @@ class CountingCloud(SimCloud):
     """The simulated cloud, counting the calls that read it; ``report`` queues an event it reports at the next poll
     (a node failure: the simulated cloud has no such fault of its own)."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.list_calls = 0
         self.poll_calls = 0
         self.reported: list[ProviderEvent] = []

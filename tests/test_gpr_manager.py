@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,10 +118,10 @@ class FakeProvider:
         return out
 
 
-def manager(tmp_path: Path, provider: FakeProvider | None = None, **kw: object) -> tuple[GprManager, ManualClock]:
+def manager(tmp_path: Path, provider: FakeProvider | None = None, **kw: Any) -> tuple[GprManager, ManualClock]:
     clock = ManualClock(T0)
     store = GprStore(tmp_path / "gpr.db")
-    return GprManager(store, CATALOG, provider=provider, clock=clock, **kw), clock  # type: ignore[arg-type]
+    return GprManager(store, CATALOG, provider=provider, clock=clock, **kw), clock
 
 
 SPEC = GPR_SPEC

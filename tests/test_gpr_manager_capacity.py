@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,7 +62,7 @@ def _key(it: str, zone: str) -> OfferingKey:
     return OfferingKey(it, zone, CapacityType.ON_DEMAND)
 
 
-def _world(tmp_path: Path, rules: tuple[CapacityRule, ...], **cfg: object) -> tuple[GprManager, SimCloud, Engine]:
+def _world(tmp_path: Path, rules: tuple[CapacityRule, ...], **cfg: Any) -> tuple[GprManager, SimCloud, Engine]:
     engine = Engine(start=T0)
     d = Dist.const(5.0)
     behaviour = CloudBehaviour(
@@ -72,7 +73,7 @@ def _world(tmp_path: Path, rules: tuple[CapacityRule, ...], **cfg: object) -> tu
         capacity=rules,
     )
     cloud = SimCloud(engine, CATALOG, behaviour)
-    config = GprConfig(unavailable_ttl_s=TTL, provider="sim", **cfg)  # type: ignore[arg-type]
+    config = GprConfig(unavailable_ttl_s=TTL, provider="sim", **cfg)
     m = GprManager(GprStore(tmp_path / "gpr.db"), CATALOG, config=config, provider=cloud, clock=engine.clock)
     return m, cloud, engine
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from linode_api4 import ApiError
@@ -49,9 +50,9 @@ class Env:
     cluster_id: int
     providers: list[LinodeProvider] = field(default_factory=list)
 
-    def provider(self, **overrides: object) -> LinodeProvider:
+    def provider(self, **overrides: Any) -> LinodeProvider:
         """A fresh provider (a fresh process, as far as its memory goes)."""
-        settings: dict[str, object] = {
+        settings: dict[str, Any] = {
             "cluster_id": self.cluster_id,
             "region": REGION,
             "base_url": self.fake.base_url,
@@ -59,7 +60,7 @@ class Env:
         }
         settings.update(overrides)
         provider = LinodeProvider(
-            LinodeConfig(**settings),  # type: ignore[arg-type]
+            LinodeConfig(**settings),
             env={"LINODE_TOKEN": self.fake.token},
             clock=self.clock,
         )

@@ -5,6 +5,7 @@ with the real planner."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -74,8 +75,8 @@ def node(name: str, *, unschedulable: bool = False) -> Node:
 NO_MEMO = PlanningMemo()
 
 
-def gate(real: list[Pod], memo: PlanningMemo = NO_MEMO, **kw: object) -> Gate:
-    args: dict[str, object] = {
+def gate(real: list[Pod], memo: PlanningMemo = NO_MEMO, **kw: Any) -> Gate:
+    args: dict[str, Any] = {
         "batch_closed": True,
         "force": False,
         "in_flight_pods": (),
@@ -87,7 +88,7 @@ def gate(real: list[Pod], memo: PlanningMemo = NO_MEMO, **kw: object) -> Gate:
     }
     args.update(kw)
     virtual = args.pop("virtual", [])
-    return gate_scale_up(real, virtual, memo, **args).gate  # type: ignore[arg-type]
+    return gate_scale_up(real, virtual, memo, **args).gate
 
 
 # ------------------------------------------------------------------------------------------------------ the gate

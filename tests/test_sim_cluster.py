@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -50,15 +51,15 @@ class World:
     def run(self, t: float) -> None:
         self.eng.run_until(t)
 
-    def add(self, p: Pod, duration: float = 3600.0, **kw: object) -> None:
-        self.cluster.add_pod(p, duration, **kw)  # type: ignore[arg-type]
+    def add(self, p: Pod, duration: float = 3600.0, **kw: Any) -> None:
+        self.cluster.add_pod(p, duration, **kw)
 
     def where(self) -> dict[str, str | None]:
         return {p.name: p.node_name for p in self.cluster.list_pods()}
 
 
-def gpu_pod(name: str, gpus: int = 1, milli: int = 0, **kw: object) -> Pod:
-    return pod(name, cpu=1000, mem=1024, gpus=gpus, milli=milli, tolerations=GPU_TOL, **kw)  # type: ignore[arg-type]
+def gpu_pod(name: str, gpus: int = 1, milli: int = 0, **kw: Any) -> Pod:
+    return pod(name, cpu=1000, mem=1024, gpus=gpus, milli=milli, tolerations=GPU_TOL, **kw)
 
 
 def test_nodes_register_with_labels_taints_and_gpus_only_after_the_device_plugin() -> None:
