@@ -296,3 +296,24 @@ def test_controller_md_names_the_static_block_reasons_and_gate_verdicts() -> Non
     assert set(re.findall(r"`(\w+)`", blocked)) == {r.value for r in STATIC_BLOCKS}
     verdicts = text.split("`gate_scale_up` (", 1)[1].split("(the rules above)", 1)[0].split("→", 1)[1]
     assert set(re.findall(r"\w+", verdicts)) - {"or"} == {g.value for g in Gate}
+
+
+def test_gpr_spec_table_lists_the_schema_fields_and_their_defaults() -> None:
+    """docs/gpr.md's Spec table: the fields of ``SPEC_SCHEMA`` (bar the EGS ones only accepted), and writing a field's
+    documented default gives the same spec as leaving it out."""
+    from gpuscale.core.gpr.schema import SPEC_SCHEMA
+    from gpuscale.core.gpr.spec import spec_from_dict
+
+    section = (ROOT / "docs" / "gpr.md").read_text(encoding="utf-8").split("## Spec\n", 1)[1].strip().splitlines()
+    table = section[: next(i for i, line in enumerate(section) if not line.startswith("|"))]
+    rows = [[c.strip() for c in row.split("|")[1:-1]] for row in table[2:]]
+    assert {r[0].strip("`") for r in rows} == {f.name for f in SPEC_SCHEMA if not f.rest_only}
+    base = {"requestName": "r", "exitDuration": "1h", "gpuShape": "RTX4000-Ada"}
+    checked = 0
+    for field, _, default, _ in rows:
+        if re.fullmatch(r"`[^`]*`", default) and field.strip("`") not in base:
+            value = yaml.safe_load(default.strip("`"))
+            with_default = spec_from_dict({**base, field.strip("`"): "" if value is None else value})
+            assert with_default == spec_from_dict(base), f"docs/gpr.md: {field} defaults to {default}?"
+            checked += 1
+    assert checked >= 8
