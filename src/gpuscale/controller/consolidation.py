@@ -327,11 +327,12 @@ class ConsolidationGate:
     def inputs_changed(self, signature: object, now: float, pool_of: PoolOf) -> bool:
         """False if the pass's inputs equal the last evaluated ones, no clock ran out since and the refresh period
         has not passed (the pass is then skipped); True records ``signature`` as evaluated."""
-        timer_due = any(self.last_evaluation < t + self.wait_s(name, pool_of) <= now for name, t in self.since.items())
+        last = self.last_evaluation
+        # the same inputs are skipped unless a clock ran out since (looked at only then: most passes differ)
         if (
             signature == self._signature
-            and not timer_due
-            and now - self.last_evaluation < self.config.consolidation_refresh_s
+            and now - last < self.config.consolidation_refresh_s
+            and not any(last < t + self.wait_s(name, pool_of) <= now for name, t in self.since.items())
         ):
             return False
         self._signature = signature
