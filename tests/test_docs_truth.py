@@ -317,3 +317,9 @@ def test_gpr_spec_table_lists_the_schema_fields_and_their_defaults() -> None:
             assert with_default == spec_from_dict(base), f"docs/gpr.md: {field} defaults to {default}?"
             checked += 1
     assert checked >= 8
+
+
+def test_architecture_lists_every_command_of_the_cli() -> None:
+    block = ARCH.read_text(encoding="utf-8").split("```", 2)[1]
+    listed = " ".join(block.split("entry points:", 1)[1].split("(most loaded lazily)", 1)[0].split())
+    assert {c.strip() for c in listed.split(",")} == set(main.list_commands(click.Context(main)))
