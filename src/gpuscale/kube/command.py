@@ -476,7 +476,7 @@ class ControllerProcess:
 )
 @click.option("--device-plugin-delay", default=0.0, show_default=True, help="kwok: seconds before a node's GPUs show.")
 @click.option(
-    "--metrics-port", default=8080, show_default=True, help="Port of /metrics (wired by the deployment work)."
+    "--metrics-port", default=8080, show_default=True, help="Port of /metrics."
 )
 @click.option("--health-port", default=8081, show_default=True, help="Port of /healthz and /readyz.")
 @click.option(
