@@ -475,9 +475,7 @@ class ControllerProcess:
     " evictMaxPodAge, repack, spotToSpot, packOntoEmpty, ...); checked at start.",
 )
 @click.option("--device-plugin-delay", default=0.0, show_default=True, help="kwok: seconds before a node's GPUs show.")
-@click.option(
-    "--metrics-port", default=8080, show_default=True, help="Port of /metrics."
-)
+@click.option("--metrics-port", default=8080, show_default=True, help="Port of /metrics.")
 @click.option("--health-port", default=8081, show_default=True, help="Port of /healthz and /readyz.")
 @click.option(
     "--leader-elect/--no-leader-elect", default=False, show_default=True, help="Act only while holding the Lease."
