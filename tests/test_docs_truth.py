@@ -323,3 +323,18 @@ def test_architecture_lists_every_command_of_the_cli() -> None:
     block = ARCH.read_text(encoding="utf-8").split("```", 2)[1]
     listed = " ".join(block.split("entry points:", 1)[1].split("(most loaded lazily)", 1)[0].split())
     assert {c.strip() for c in listed.split(",")} == set(main.list_commands(click.Context(main)))
+
+
+def test_repository_paths_named_in_the_docs_exist() -> None:
+    """Every backticked path under a top-level folder of the repository (``tests/x.py``, ``deploy/...``)."""
+    tops = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")} - {"docs"}
+    missing, named = [], 0
+    for doc in DOCS:
+        for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+            for span in re.findall(r"`([\w.-]+/[\w./-]*)(?:::\w+)?`", line):
+                if span.split("/", 1)[0] in tops:
+                    named += 1
+                    if not (ROOT / span).exists():
+                        missing.append(f"{doc.relative_to(ROOT)}:{n}: {span}")
+    assert named > 50
+    assert not missing, missing
