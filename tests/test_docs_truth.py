@@ -326,15 +326,19 @@ def test_architecture_lists_every_command_of_the_cli() -> None:
 
 
 def test_repository_paths_named_in_the_docs_exist() -> None:
-    """Every backticked path under a top-level folder of the repository (``tests/x.py``, ``deploy/...``)."""
+    """Every backticked path under a top-level folder of the repository (``tests/x.py``, ``deploy/...``) or a package
+    of ``src/gpuscale`` (``controller/loop.py``)."""
     tops = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")} - {"docs"}
+    packages = {p.name for p in SRC.iterdir() if (p / "__init__.py").is_file()}  # controller/loop.py and the like
     missing, named = [], 0
     for doc in DOCS:
         for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
             for span in re.findall(r"`([\w.-]+/[\w./-]*)(?:::\w+)?`", line):
-                if span.split("/", 1)[0] in tops:
+                top = span.split("/", 1)[0]
+                base = ROOT if top in tops else SRC if top in packages else None
+                if base is not None:
                     named += 1
-                    if not (ROOT / span).exists():
+                    if not (base / span).exists():
                         missing.append(f"{doc.relative_to(ROOT)}:{n}: {span}")
     assert named > 50
     assert not missing, missing
