@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import configparser
 import dataclasses
+import importlib
 import re
 import shlex
 import tomllib
@@ -342,3 +343,37 @@ def test_repository_paths_named_in_the_docs_exist() -> None:
                         missing.append(f"{doc.relative_to(ROOT)}:{n}: {span}")
     assert named > 50
     assert not missing, missing
+
+
+def _resolves(dotted: str) -> bool:
+    """``gpuscale.pkg.module.Name.attr`` names a module and then attributes (or dataclass fields) of it."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 1, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            fields = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set()
+            if name in fields:
+                return True
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+def test_dotted_gpuscale_names_in_the_docs_resolve() -> None:
+    wrong, named = [], 0
+    for doc in DOCS:
+        for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+            for dotted in re.findall(r"`(gpuscale(?:\.\w+)+)(?:\(\))?`", line):
+                top = dotted.split(".")[1]
+                if not ((SRC / top).is_dir() or (SRC / f"{top}.py").is_file()):
+                    continue  # not a module path (a tag such as gpuscale.ledger.0)
+                named += 1
+                if not _resolves(dotted):
+                    wrong.append(f"{doc.relative_to(ROOT)}:{n}: {dotted}")
+    assert named > 50
+    assert not wrong, wrong
