@@ -59,6 +59,8 @@ ADVANCING = frozenset({ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED})
 """Claim phases that move on when the cluster shows the node (registered, GPUs allocatable)."""
 RUNNING = (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED, ClaimPhase.INITIALIZED)
 """Claim phases whose node an interruption or a failure drains."""
+_SETTLED = frozenset(ClaimPhase) - ADVANCING - {ClaimPhase.REQUESTED}
+"""Claim phases a listed node teaches nothing (once the claim has its node id and name)."""
 
 
 def adopt_claim(
@@ -140,25 +142,25 @@ def sync_claims(
     out = Decisions()
     table: dict[str, NodeClaim] | None = None  # the claims with this sync's changes, made on the first change
     current: Mapping[str, NodeClaim] = claims
-    requested_phase, advancing = ClaimPhase.REQUESTED, ADVANCING
+    lookup = claims.get  # current.get (bound again when the table is made)
     learnt = False  # some claim changed (or was adopted)
     waiting = False  # some listed claim's next step depends on its Node (Launched or Registered, unchanged)
     listed_requests = 0  # Requested claims whose node this sync found (they are Launched now)
     seen: set[str] = set()
+    saw = seen.add
     for cn in cloud:
         key = cn.request_id or cn.node_id
-        existing = current.get(key)
-        if existing is None and foreign is not None and cn.request_id and foreign(cn.request_id):
-            continue
-        if (  # the listed node teaches nothing about its claim (inline: this runs for every node of every sync)
-            existing is not None
-            and existing.node_id == cn.node_id
-            and existing.phase is not requested_phase
-            and existing.phase not in advancing
+        existing = lookup(key)
+        if existing is None:
+            if foreign is not None and cn.request_id and foreign(cn.request_id):
+                continue
+        elif (  # the listed node teaches nothing about its claim (inline: this runs for every node of every sync)
+            existing.node_id == cn.node_id
+            and existing.phase in _SETTLED
             and existing.node_name
             and (not cn.node_name or existing.node_name == cn.node_name)
         ):
-            seen.add(key)
+            saw(key)
             continue
         if existing is not None and existing.node_id and existing.node_id != cn.node_id:
             key = f"{key}#{cn.node_id}"
@@ -188,7 +190,7 @@ def sync_claims(
         learnt = True
         if table is None:
             table = dict(claims)
-            current = table
+            current, lookup = table, table.get
         table[key] = claim
         out.actions.append(SetClaim(key, claim))
     if requested is None:
