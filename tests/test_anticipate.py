@@ -19,7 +19,7 @@ from gpuscale.core.anticipate import (
     weigh,
     with_extra,
 )
-from gpuscale.core.model import Snapshot
+from gpuscale.core.model import Pod, Snapshot
 from gpuscale.core.plan import PlannerConfig
 from gpuscale.core.planner import plan
 from gpuscale.core.reconcile.scaleup import LaunchOrder, ScaleUpDecision, decide_scale_up
@@ -38,7 +38,7 @@ def _decision(*orders: LaunchOrder, placed: dict[str, str] | None = None) -> Sca
     return ScaleUpDecision(orders, placed or {}, (), 0, True)
 
 
-def _arrivals(*spec: tuple[float, int]) -> tuple[list[float], list]:
+def _arrivals(*spec: tuple[float, int]) -> tuple[list[float], list[Pod]]:
     """(times, pods) of pods named a0, a1, ... arriving at the given times with the given GPUs."""
     times = [t for t, _ in spec]
     pods = [pod(f"a{i}", gpus=g) for i, (_, g) in enumerate(spec)]
