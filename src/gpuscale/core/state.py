@@ -91,17 +91,7 @@ class ClusterState:
         n = len(values)
         new.model_idx = np.fromiter([model_index[m] for m in models], dtype=np.int64, count=n)
         cols = np.fromiter(chain.from_iterable(values), dtype=np.int64, count=9 * n).reshape(n, 9).T.copy()
-        (
-            new.cpu_cap,
-            new.mem_cap,
-            new.gpu_cap,
-            new.pods_cap,
-            new.cpu_free,
-            new.mem_free,
-            new.pods_free,
-            new.full_free,
-            new.max_free,
-        ) = cols  # each a contiguous row of one fresh array
+        new._set_columns(cols)  # each a contiguous row of one fresh array
         new.gpu_free = np.fromiter(chain.from_iterable(gpu_rows), dtype=np.int64, count=n * width).reshape(n, width)
         return new
 
@@ -128,6 +118,20 @@ class ClusterState:
         """Number of entirely free GPUs per node."""
         self.max_free: IntArray = np.where(self.gpu_cap > 0, MILLI_PER_GPU, ABSENT_GPU).astype(np.int64)
         """Largest free milli-GPU on any single GPU per node."""
+
+    def _set_columns(self, cols: IntArray) -> None:
+        """The nine per-node columns from the rows of a (9, nodes) array, in the order of a row's values."""
+        (
+            self.cpu_cap,
+            self.mem_cap,
+            self.gpu_cap,
+            self.pods_cap,
+            self.cpu_free,
+            self.mem_free,
+            self.pods_free,
+            self.full_free,
+            self.max_free,
+        ) = cols
 
     def __len__(self) -> int:
         return len(self.names)
@@ -367,17 +371,7 @@ class RowArena:
         new.models = sorted(set(models), key=lambda m: (m is None, m or ""))
         model_index = {m: i for i, m in enumerate(new.models)}
         new.model_idx = np.fromiter([model_index[m] for m in models], dtype=np.int64, count=len(models))
-        (
-            new.cpu_cap,
-            new.mem_cap,
-            new.gpu_cap,
-            new.pods_cap,
-            new.cpu_free,
-            new.mem_free,
-            new.pods_free,
-            new.full_free,
-            new.max_free,
-        ) = np.take(self._values, idx, axis=1)  # one fresh C-ordered (9, rows) array: each a contiguous row of it
+        new._set_columns(np.take(self._values, idx, axis=1))  # one fresh C-ordered (9, rows) array: a row each
         new.gpu_free = self._gpus[idx]
         return new
 
