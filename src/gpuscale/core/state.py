@@ -258,18 +258,11 @@ class ClusterState:
         for i, reqs in enumerate(requests_per_row):
             if not reqs:
                 continue
-            c = m = whole = 0
-            fractions: list[int] = []
-            for r in reqs:
-                c += r.cpu_milli
-                m += r.memory_mib
-                whole += r.gpus
-                if r.gpu_milli:
-                    fractions.append(r.gpu_milli)
+            c, m, whole, fractions = request_totals(reqs)
             cpu[i], mem[i], cnt[i] = c, m, len(reqs)
             if whole or fractions:
                 if full_free[i] == gpu_cap[i]:  # an untouched node: the same requests always land the same way
-                    changed[i] = _fresh_row(gpu_cap[i], width, whole, tuple(fractions))
+                    changed[i] = _fresh_row(gpu_cap[i], width, whole, fractions)
                     continue
                 if rows is None:
                     rows = self.gpu_free.tolist()
@@ -315,20 +308,26 @@ RowValues = tuple[int, int, int, int, int, int, int, int, int]
 full_free, max_free)."""
 
 
+def request_totals(reqs: Sequence[Request]) -> tuple[int, int, int, tuple[int, ...]]:
+    """(CPU milli, memory MiB, whole GPUs, the milli-GPU fractions in order) that ``reqs`` take on one node."""
+    cpu = mem = whole = 0
+    fractions: list[int] = []
+    for r in reqs:
+        cpu += r.cpu_milli
+        mem += r.memory_mib
+        whole += r.gpus
+        if r.gpu_milli:
+            fractions.append(r.gpu_milli)
+    return cpu, mem, whole, tuple(fractions)
+
+
 def occupied_row(cap: Resources, width: int, reqs: Sequence[Request]) -> tuple[RowValues, list[int]]:
     """(values, free milli-GPU per GPU column) of a node row of capacity ``cap`` in a state ``width`` GPUs wide once
     ``reqs`` are bound to it, as :meth:`ClusterState.occupy_all` accounts them on a new state. The GPU row is shared
     (``_fresh_row``): do not change it."""
-    cm = mm = whole = 0
-    fractions: list[int] = []
-    for r in reqs:
-        cm += r.cpu_milli
-        mm += r.memory_mib
-        whole += r.gpus
-        if r.gpu_milli:
-            fractions.append(r.gpu_milli)
+    cm, mm, whole, fractions = request_totals(reqs)
     g = cap.gpus
-    row, full, top = _fresh_row(g, width, whole, tuple(fractions))  # no request: the untouched row
+    row, full, top = _fresh_row(g, width, whole, fractions)  # no request: the untouched row
     cpu, mem, pods = cap.cpu_milli, cap.memory_mib, cap.pods
     return (cpu, mem, g, pods, max(0, cpu - cm), max(0, mem - mm), max(0, pods - len(reqs)), full, top), row
 
