@@ -18,8 +18,8 @@ from gpuscale.controller.shell import DisruptionInputs, World
 from gpuscale.core.disruption import plan_disruption
 from gpuscale.core.disruption.passmemo import PassMemo
 from gpuscale.core.disruption.plan import destinations
-from gpuscale.core.model import Node, Pod
-from gpuscale.sim.cloud import SimCloud
+from gpuscale.core.model import Node, NodePool, Pod
+from gpuscale.sim.cloud import CloudBehaviour, SimCloud
 from gpuscale.sim.cluster import SimCluster
 from gpuscale.sim.engine import Dist, Engine
 from test_consolidation_gate import CATALOG, CONFIG, FAST, _pod, _pool
@@ -93,6 +93,38 @@ def _grouped(pods: list[Pod]) -> dict[str, list[Pod]]:
     return out
 
 
+def _world(pool: NodePool, seed: int, behaviour: CloudBehaviour) -> tuple[Engine, SimCluster, Controller]:
+    """A controller over a simulated cluster and cloud with ``pool``."""
+    engine = Engine()
+    cluster = SimCluster(engine, CATALOG, [pool], seed=seed)
+    cloud = SimCloud(engine, CATALOG, behaviour, seed=seed, listener=cluster)
+    return engine, cluster, Controller(cluster, cloud, [pool], CATALOG, engine.clock, CONFIG)
+
+
+def _run(
+    engine: Engine,
+    cluster: SimCluster,
+    ctrl: Controller,
+    seed: int,
+    pods: int,
+    gpus: list[int],
+    cpus: list[int],
+    arrive_s: float,
+    longest_s: float,
+    end_s: float,
+) -> None:
+    """``pods`` random pods arriving over ``arrive_s`` and running 10 s to ``longest_s``; a round every 2 s."""
+    rng = random.Random(seed)
+    for i in range(pods):
+        pod = _pod(f"p{i}", rng.choice(gpus), rng.choice(cpus), {})
+        engine.at(rng.uniform(0.0, arrive_s), cluster.add_pod, pod, rng.uniform(10.0, longest_s))
+    t = 0.0
+    while t < end_s:
+        t += 2.0
+        engine.run_until(t)
+        ctrl.reconcile()
+
+
 def test_the_controllers_pass_inputs_equal_fresh_ones() -> None:
     """Every pass of a simulated cluster with launches in flight and pods planned onto nodes: the pass's pods by node
     are its pods grouped afresh, its nodes in flight and planned pods equal new ones, and are the same objects as the
@@ -129,21 +161,10 @@ def test_the_controllers_pass_inputs_equal_fresh_ones() -> None:
         return inputs
 
     pool = _pool("100%", 20.0)
-    engine = Engine()
-    cluster = SimCluster(engine, CATALOG, [pool], seed=3)
     slow = replace(FAST, launch_latency=Dist.const(60.0), device_plugin_delay=Dist.const(40.0))
-    cloud = SimCloud(engine, CATALOG, slow, seed=3, listener=cluster)
-    ctrl = Controller(cluster, cloud, [pool], CATALOG, engine.clock, CONFIG)
+    engine, cluster, ctrl = _world(pool, 3, slow)
     ctrl._disruption_inputs = checked.__get__(ctrl)  # type: ignore[method-assign]
-    rng = random.Random(3)
-    for i in range(400):
-        pod = _pod(f"p{i}", rng.choice([0, 1, 1, 2]), rng.choice([500, 2000, 6000]), {})
-        engine.at(rng.uniform(0.0, 1500.0), cluster.add_pod, pod, rng.uniform(10.0, 120.0))
-    t = 0.0
-    while t < 1800.0:
-        t += 2.0
-        engine.run_until(t)
-        ctrl.reconcile()
+    _run(engine, cluster, ctrl, 3, 400, [0, 1, 1, 2], [500, 2000, 6000], 1500.0, 120.0, 1800.0)
     assert seen["passes"] > 20 and seen["flying"] > 0 and seen["planned"] > 0, seen
     assert seen["same_flying"] > 0, seen
 
@@ -163,21 +184,10 @@ def test_the_consolidation_steps_kept_inputs_equal_fresh_ones() -> None:
         return got
 
     pool = _pool("2", 20.0)
-    engine = Engine()
-    cluster = SimCluster(engine, CATALOG, [pool], seed=5)
     slow = replace(FAST, launch_latency=Dist.const(30.0), device_plugin_delay=Dist.const(20.0))
-    cloud = SimCloud(engine, CATALOG, slow, seed=5, listener=cluster)
-    ctrl = Controller(cluster, cloud, [pool], CATALOG, engine.clock, CONFIG)
+    engine, cluster, ctrl = _world(pool, 5, slow)
     ctrl._step_inputs = checked.__get__(ctrl)  # type: ignore[method-assign]
-    rng = random.Random(5)
-    for i in range(300):
-        pod = _pod(f"p{i}", rng.choice([0, 1, 1, 2]), rng.choice([500, 2000, 6000]), {})
-        engine.at(rng.uniform(0.0, 1200.0), cluster.add_pod, pod, rng.uniform(10.0, 200.0))
-    t = 0.0
-    while t < 1500.0:
-        t += 2.0
-        engine.run_until(t)
-        ctrl.reconcile()
+    _run(engine, cluster, ctrl, 5, 300, [0, 1, 1, 2], [500, 2000, 6000], 1200.0, 200.0, 1500.0)
     assert rounds["all"] > 500 and 0 < rounds["kept"] < rounds["all"], rounds
     assert any(e.kind == "Consolidate" for e in cluster.events)
 
@@ -203,19 +213,8 @@ def test_rounds_with_only_deletions_not_due_drain_nothing() -> None:
         drain_and_delete(self, w, result)
 
     pool = _pool("2", 20.0)
-    engine = Engine()
-    cluster = SimCluster(engine, CATALOG, [pool], seed=7)
     slow = replace(FAST, deletion_latency=Dist.const(60.0))
-    cloud = SimCloud(engine, CATALOG, slow, seed=7, listener=cluster)
-    ctrl = Controller(cluster, cloud, [pool], CATALOG, engine.clock, CONFIG)
+    engine, cluster, ctrl = _world(pool, 7, slow)
     ctrl._drain_and_delete = checked.__get__(ctrl)  # type: ignore[method-assign]
-    rng = random.Random(7)
-    for i in range(150):
-        pod = _pod(f"p{i}", rng.choice([0, 1, 2]), rng.choice([500, 6000]), {})
-        engine.at(rng.uniform(0.0, 900.0), cluster.add_pod, pod, rng.uniform(10.0, 200.0))
-    t = 0.0
-    while t < 1200.0:
-        t += 2.0
-        engine.run_until(t)
-        ctrl.reconcile()
+    _run(engine, cluster, ctrl, 7, 150, [0, 1, 2], [500, 6000], 900.0, 200.0, 1200.0)
     assert skipped["rounds"] > 10, skipped
