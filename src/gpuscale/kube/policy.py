@@ -41,9 +41,7 @@ def load_policy(path: str) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, Mapping):
-        raise InputError(
-            "must be a mapping of policy settings", where=path, value=data, fix="e.g. evictMaxPodAge: 6h"
-        )
+        raise InputError("must be a mapping of policy settings", where=path, value=data, fix="e.g. evictMaxPodAge: 6h")
     if set(data) == {"policy"}:  # a scenario's block, copied with its key
         data = data["policy"] or {}
         if not isinstance(data, Mapping):
