@@ -11,6 +11,7 @@ from gpuscale.controller import policyopts, repackopts
 from gpuscale.controller.anticipating import anticipate_setting
 from gpuscale.core.anticipate import AnticipateSpec
 from gpuscale.core.disruption.repack import PodAgeRule, RepackRule
+from gpuscale.core.disruption.rightsize import RightsizeRule
 from gpuscale.core.disruption.spotswap import SpotSwapRule
 from gpuscale.core.disruption.workcost import WorkCostRule
 from gpuscale.core.emptywait import EmptyWaitSpec
@@ -86,6 +87,8 @@ class ControllerConfig:
     """Per-node empty wait from price and fitting arrivals (``emptyWait``; None: off)."""
     anticipate: AnticipateSpec | None = None
     """Scale-ups may buy room for the pods expected in the next minutes (``anticipate``; None: off)."""
+    rightsize: RightsizeRule | None = None
+    """A node whose pods are all young may be replaced by a cheaper node taking them (``rightsize``; None: off)."""
 
     def deadlines_for(self, pool: str) -> Deadlines:
         """The deadlines of ``pool``."""
@@ -122,7 +125,7 @@ class ControllerConfig:
         ``deadlines`` (``launch``, ``registration``, ``gpuInit``) and ``poolDeadlines`` (pool name -> deadlines). The
         optional policies (off by default): ``evictionCost``, ``headroom``, ``emptyWait``
         (:mod:`~gpuscale.controller.policyopts`), ``anticipate`` (:mod:`~gpuscale.controller.anticipating`),
-        ``evictMaxPodAge``, ``repack``, ``spotToSpot``
+        ``evictMaxPodAge``, ``repack``, ``spotToSpot``, ``rightsize``
         (:mod:`~gpuscale.controller.repackopts`) and ``packOntoEmpty``. ``name``, ``reconcileInterval`` and
         ``settle`` belong to the simulator and are ignored. Anything else raises
         :class:`~gpuscale.errors.InputError`.
@@ -272,6 +275,7 @@ _OPTION_KEYS: dict[str, Reader] = {
     "evictMaxPodAge": ("evict_max_pod_age", repackopts.evict_max_pod_age),
     "repack": ("repack", repackopts.repack),
     "spotToSpot": ("spot_to_spot", repackopts.spot_to_spot),
+    "rightsize": ("rightsize", repackopts.rightsize),
     "packOntoEmpty": ("pack_onto_empty", _bool),
 }
 _KEYS = {**_BASIC_KEYS, **_OPTION_KEYS}

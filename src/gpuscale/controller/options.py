@@ -3,9 +3,10 @@
 :mod:`gpuscale.core.headroom`), the per-node empty wait (``emptyWait``, :mod:`gpuscale.core.emptywait` through
 :mod:`gpuscale.controller.emptykeep`: the gate reads a kept empty node's wait from :meth:`_pool_of_node`) and the
 consolidation rules ``spotToSpot``, ``packOntoEmpty``, ``evictMaxPodAge`` and ``repack``
-(:mod:`gpuscale.controller.repacking`), and the demand-anticipating scale-up (``anticipate``,
-:mod:`gpuscale.controller.anticipating`: each plan that launches nodes may be swapped for one with room for the pods
-expected next, :meth:`OptionsController._anticipate`).
+(:mod:`gpuscale.controller.repacking`), the right-sizing of young nodes (``rightsize``,
+:mod:`gpuscale.controller.rightsizing`, after the consolidation step), and the demand-anticipating scale-up
+(``anticipate``, :mod:`gpuscale.controller.anticipating`: each plan that launches nodes may be swapped for one with
+room for the pods expected next, :meth:`OptionsController._anticipate`).
 
 :class:`OptionsController` is the :class:`~gpuscale.controller.loop.Controller` with two hooks, both at the start of
 the consolidation step of a round:
@@ -32,6 +33,7 @@ from gpuscale.controller import repacking
 from gpuscale.controller.anticipating import Anticipation
 from gpuscale.controller.emptykeep import EmptyWaits
 from gpuscale.controller.loop import Controller, ControllerConfig
+from gpuscale.controller.rightsizing import Rightsizing
 from gpuscale.controller.shell import DisruptionInputs, ReconcileResult, World
 from gpuscale.core.disruption import DisruptionPlan, pool_offerings
 from gpuscale.core.disruption.workcost import weigh_actions
@@ -100,6 +102,8 @@ class OptionsController(Controller):
         spec_a = self.config.anticipate
         self.anticipation = Anticipation(spec_a, self.clock.now()) if spec_a is not None else None
         """Arrivals and plan choices of the demand-anticipating scale-up (``anticipate``; None: off)."""
+        self.rightsizing = Rightsizing(self.config.rightsize) if self.config.rightsize is not None else None
+        """Replacement of young nodes by cheaper ones (``rightsize``; None: off)."""
 
     # ------------------------------------------------------------------------------------------------ hooks
     def next_wakeup(self) -> float | None:
@@ -110,6 +114,9 @@ class OptionsController(Controller):
         ew = self.empty_waits
         if ew is not None and ew.look_at > self.clock.now():
             t = ew.look_at if t is None else min(t, ew.look_at)
+        rs = self.rightsizing
+        if rs is not None and rs.look_at is not None and rs.look_at > self.clock.now():
+            t = rs.look_at if t is None else min(t, rs.look_at)
         if not self.config.headroom:
             return t
         now = self.clock.now()
@@ -130,7 +137,10 @@ class OptionsController(Controller):
             self._decide_empty_waits(w)
         if self.anticipation is not None:
             self.anticipation.observe(w)
+        disrupted = result.disrupted
         super()._consolidate(w, result)
+        if self.rightsizing is not None and self.config.consolidation and result.disrupted == disrupted:
+            self.rightsizing.step(self, w, result, {k: t for k, (_, t) in self.bound_since.items()})
 
     def _anticipate(self, snapshot: Snapshot, decision: ScaleUpDecision, w: World) -> ScaleUpDecision:
         a = self.anticipation

@@ -42,11 +42,12 @@ if TYPE_CHECKING:
 
 
 def uses_config(cfg: ControllerConfig) -> bool:
-    """True if ``evictMaxPodAge``, ``repack`` or ``spotToSpot`` is on or ``packOntoEmpty`` is off."""
+    """True if ``evictMaxPodAge``, ``repack``, ``spotToSpot`` or ``rightsize`` is on or ``packOntoEmpty`` is off."""
     return (
         cfg.evict_max_pod_age is not None
         or cfg.repack is not None
         or cfg.spot_to_spot is not None
+        or cfg.rightsize is not None
         or not cfg.pack_onto_empty
     )
 

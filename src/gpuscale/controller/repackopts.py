@@ -7,13 +7,20 @@ given) from a scenario's ``policy`` mapping (see :meth:`gpuscale.controller.conf
   pods of underutilised nodes.
 * ``spotToSpot: true`` (or ``{maxPodAge: 1h}``: only nodes whose pods are all that young; ``false``/``null``: off):
   a kept spot node may be replaced by a cheaper spot node.
+* ``rightsize: {minPodAge: 5m, maxPodAge: 1h, minSaving: 0.2, horizon: 1h, coldStart: 200s}`` (every key optional;
+  ``true``: all defaults; ``false``/``null``: off): a node whose pods are all young is replaced by the cheapest node
+  of its pool and capacity type that takes them (:mod:`gpuscale.core.disruption.rightsize`).
 """
 
 from __future__ import annotations
 
-from gpuscale.controller.settingsread import positive_duration, switched_rule
+from typing import Any
+
+from gpuscale.controller.settingsread import known_keys, positive_duration, switched_rule
 from gpuscale.core.disruption.repack import PodAgeRule, RepackRule
+from gpuscale.core.disruption.rightsize import RightsizeRule
 from gpuscale.core.disruption.spotswap import SpotSwapRule
+from gpuscale.errors import InputError
 
 
 def evict_max_pod_age(value: object, where: str) -> PodAgeRule | None:
@@ -47,3 +54,42 @@ def spot_to_spot(value: object, where: str) -> SpotSwapRule | None:
         default=SpotSwapRule,
         make=SpotSwapRule,
     )
+
+
+RIGHTSIZE_KEYS = ("minPodAge", "maxPodAge", "minSaving", "horizon", "coldStart")
+
+
+def rightsize(value: object, where: str) -> RightsizeRule | None:
+    """``rightsize``: None (off), or the rule (``true``: all defaults)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return RightsizeRule()
+    value = known_keys(
+        value,
+        where,
+        name="rightsize",
+        keys=RIGHTSIZE_KEYS,
+        expected="must be true, false or a mapping",
+        example="e.g. {maxPodAge: 1h, minSaving: 0.2}",
+    )
+    kw: dict[str, Any] = {}
+    for key, attr in (
+        ("minPodAge", "min_pod_age_s"),
+        ("maxPodAge", "max_pod_age_s"),
+        ("horizon", "horizon_s"),
+        ("coldStart", "cold_start_s"),
+    ):
+        if key in value:
+            kw[attr] = positive_duration(value[key], f"{where}.{key}")
+    if "minSaving" in value:
+        v = value["minSaving"]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1:
+            raise InputError("must be a number from 0 to below 1", where=f"{where}.minSaving", value=v, fix="e.g. 0.2")
+        kw["min_saving"] = float(v)
+    rule = RightsizeRule(**kw)
+    if rule.min_pod_age_s > rule.max_pod_age_s:
+        raise InputError(
+            "must be at most maxPodAge", where=f"{where}.minPodAge", value=value.get("minPodAge"), fix="e.g. 5m"
+        )
+    return rule

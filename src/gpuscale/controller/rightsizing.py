@@ -1,0 +1,95 @@
+"""The controller side of ``rightsize`` (:mod:`gpuscale.core.disruption.rightsize`): once per round, after the
+consolidation step and only when that step started nothing, the consolidatable node whose pods are all young and
+that a cheaper node of its pool and capacity type would hold is replaced (one node per round, launched like a
+consolidation's replacement: the old node drains once the new one is ready).
+
+Pod ages are the controller's first-bound times (``OptionsController.bound_since``): after a restart they start
+again, so no node is right-sized until its pods have been seen bound for ``minPodAge``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpuscale.controller.shell import ReconcileResult, World
+from gpuscale.core.disruption.rightsize import RightsizeRule, next_look, rightsize
+from gpuscale.core.reconcile import EventKind, Outcome
+
+if TYPE_CHECKING:
+    from gpuscale.controller.loop import Controller
+
+REASON = "ReplaceRightsize"
+"""The launch reason of a right-sizing replacement."""
+
+
+@dataclass
+class RightsizeStats:
+    """What the rule did, for reports."""
+
+    replaced: int = 0
+    saving_per_hour: float = 0.0
+    """$/h saved at the time of each replacement, summed."""
+
+
+class Rightsizing:
+    """Runs :func:`~gpuscale.core.disruption.rightsize.rightsize` each round (see the module docstring)."""
+
+    def __init__(self, rule: RightsizeRule) -> None:
+        self.rule = rule
+        self.look_at: float | None = None
+        """When a pod on a consolidatable node next reaches ``minPodAge`` (the controller wakes then)."""
+        self.stats = RightsizeStats()
+
+    def step(self, ctrl: Controller, w: World, result: ReconcileResult, started: Mapping[str, float]) -> None:
+        """Replace at most one node (none while a consolidation is being started this round)."""
+        candidates, disrupting, planned, _ = ctrl._step_inputs(w)
+        eligible = candidates - disrupting
+        self.look_at = next_look(w.pods, eligible, started, w.now, self.rule)
+        if not eligible:
+            return
+        inputs = ctrl._disruption_inputs(w, planned)
+        eligible -= inputs.protected
+        action = rightsize(
+            inputs.nodes,
+            inputs.pods,
+            eligible,
+            ctrl.pools,
+            ctrl.catalog,
+            w.now,
+            inputs.unavailable,
+            self.rule,
+            started,
+            disrupting,
+            w.pdbs,
+        )
+        if action is None:
+            return
+        found = ctrl._claim_by_node_name(action.node)
+        if found is None:
+            return
+        (r,) = action.replacements
+        seed = ("rightsize", action.node, r.pool, r.instance_type, r.zone, str(r.capacity_type))
+        before = {k for k, c in ctrl.claims.items() if c.replaces == action.node}
+        outcome = ctrl._launch_new(
+            seed, r.pool, r.instance_type, r.zone, r.capacity_type, w, pods=r.pods, replaces=action.node, reason=REASON
+        )
+        if outcome not in (Outcome.OK, Outcome.RETRY):
+            return
+        rids = tuple(k for k, c in ctrl.claims.items() if c.replaces == action.node and k not in before and c.alive)
+        ctrl.replacements.start(action.node, rids, action)
+        result.launched += 1 if outcome is Outcome.OK else 0
+        result.disrupted += 1
+        self.stats.replaced += 1
+        self.stats.saving_per_hour += action.savings_per_hour
+        ctrl._record(
+            w.now,
+            EventKind.CONSOLIDATE,
+            f"node/{action.node}",
+            str(action.reason),
+            action.message,
+            action="Replace",
+            pool=action.pool,
+            savingsPerHour=round(action.savings_per_hour, 6),
+        )
