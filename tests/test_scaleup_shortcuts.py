@@ -1,6 +1,8 @@
 """Whole simulated runs are identical with the scale-up's shortcuts on and off: the planner's (single candidates not
-scored, memoised choices, pool totals only where read, the integer program's bound and small-program answers) and
-the shell's (a round like the last ``EMPTY`` one returns at once)."""
+scored, memoised choices, pool totals only where read, the integer program's bound and small-program answers), the
+shell's (a round like the last ``EMPTY``, ``IDLE`` or in-flight ``COVERED`` one returns at once, and so does one
+whose batch window is open) and the snapshot's (the Nodes shown to the planner kept while their Node and claim are
+the same objects)."""
 
 from __future__ import annotations
 
@@ -60,7 +62,7 @@ def test_runs_with_and_without_the_scale_up_shortcuts_are_identical(
     assert Gate.EMPTY in gates and asked < rounds - 100  # the EMPTY shortcut was taken, many times
     with pytest.MonkeyPatch.context() as mp:
         _slow(mp)
-        mp.setattr(scaleup.ScaleUpSteps, "_still_empty", property(lambda self: None, lambda self, value: None))
+        mp.setattr(scaleup.ScaleUpSteps, "shortcuts", False)
         gates.clear()
         slow = _run(scenario)
         assert len(gates) == rounds  # every round asked the gate
@@ -72,3 +74,40 @@ def test_ack_spot_run_is_identical_without_the_planner_shortcuts(monkeypatch: py
     fast = _run(path)
     _slow(monkeypatch)
     assert _run(path) == fast
+
+
+def _fresh_snapshots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every snapshot builds every Node it shows anew (nothing kept from the last one)."""
+    snapshot = scaleup.ScaleUpSteps._snapshot
+
+    def fresh(self: Any, *args: Any) -> Any:
+        self._shown = self._shown_off = None
+        return snapshot(self, *args)
+
+    monkeypatch.setattr(scaleup.ScaleUpSteps, "_snapshot", fresh)
+
+
+def test_demo_run_is_identical_without_the_round_shortcuts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo (pods arriving in waves, nodes launched, drained and deleted, spot interruptions) takes the idle,
+    covered and open-batch shortcuts many times and decides exactly as without them and the kept Nodes."""
+    gates: list[object] = []
+    real_gate = gate_scale_up
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        verdict = real_gate(*args, **kwargs)
+        gates.append(verdict.gate)
+        return verdict
+
+    monkeypatch.setattr(scaleup, "gate_scale_up", counting)
+    path = ROOT / "examples" / "demo.yaml"
+    fast = _run(path)
+    fast_gates = list(gates)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scaleup.ScaleUpSteps, "shortcuts", False)
+        _fresh_snapshots(mp)
+        gates.clear()
+        slow = _run(path)
+        assert len(gates) == len(slow[2])  # every round asked the gate
+    assert slow == fast
+    skipped = {g: gates.count(g) - fast_gates.count(g) for g in (Gate.IDLE, Gate.COVERED, Gate.WAIT)}
+    assert all(n > 10 for n in skipped.values()), skipped  # each shortcut was taken, many times

@@ -12,7 +12,7 @@ from operator import attrgetter
 from gpuscale.controller.rounds import ScaleUpState
 from gpuscale.controller.shell import LEAVING, ReconcileResult, ShellBase, World
 from gpuscale.core.model import Node, NodePool, Pod, Snapshot
-from gpuscale.core.nodeclaim import IN_FLIGHT, REQUEST_ID_LABEL, ClaimPhase
+from gpuscale.core.nodeclaim import IN_FLIGHT, REQUEST_ID_LABEL, ClaimPhase, NodeClaim
 from gpuscale.core.plan import ScaleUpPlan
 from gpuscale.core.reconcile import EventKind, Outcome
 from gpuscale.core.reconcile.scaleup import (
@@ -40,14 +40,47 @@ _MAY_ADD_NODE = (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED, ClaimPhase.DRAINING,
 claim may be in any phase)."""
 
 
+def _shown_node(n: Node, c: NodeClaim | None) -> Node:
+    """Listed Node ``n`` as the planner sees it, given its claim ``c``: cordoned while the claim is leaving, at the
+    claim's expected allocatable while the node comes up (GPUs to come), in the claim's pool if it has none."""
+    if c is None:
+        return n
+    if c.phase in LEAVING:
+        return replace(n, unschedulable=True, pool=n.pool or c.pool)
+    if c.phase in (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED):  # Node up, GPUs to come
+        alloc = c.expected if c.expected.gpus > n.allocatable.gpus else n.allocatable
+        return replace(n, allocatable=alloc, launching=True, pool=n.pool or c.pool)
+    if n.pool is None:
+        return replace(n, pool=c.pool)
+    return n
+
+
 class ScaleUpSteps(ShellBase):
     """Scale-up and ``minNodes`` (part of :class:`~gpuscale.controller.loop.Controller`)."""
 
     scaleup: ScaleUpState
-    _still_empty: tuple[tuple[str, ...], PlanningMemo] | None = None
-    """(pending pods, memo) of the last round, when its gate found only statically blocked pods pending (``EMPTY``):
-    a round with the same pending pods, no pod to move, no plan forced and the same memo object decides the same
-    (the batch window was closed, nothing else the gate reads before ``EMPTY`` changed), so it returns at once."""
+    shortcuts = True
+    """Take the round shortcuts below (off only in tests that compare runs with and without them)."""
+    _steady: tuple[tuple[str, ...], PlanningMemo, int | None] | None = None
+    """(pending pods, memo, claim table version or None) of the last round, when its gate answered what no later
+    round can answer differently while these stay the same (and no pod of a leaving node is to move and no plan is
+    forced), so that such a round returns at once:
+
+    * ``EMPTY`` (only statically blocked pods pending; None): the batch window was closed and nothing else the gate
+      reads before ``EMPTY`` changed.
+    * ``IDLE`` (nothing pending; None): it left no batch and a memo without placements. The round still forgets the
+      reasons reported for pods, as the ``IDLE`` gate does (another step may have reported one since).
+    * ``COVERED`` with every pending pod one a claim in flight was launched for (the table's version): the batch was
+      closed (it stays so while no new pod is pending), and the claims in flight are the same while the table is.
+    """
+    _shown: dict[str, tuple[Node, NodeClaim | None, Node]] | None = None
+    """Node name -> (listed Node, its claim, the Node the planner is shown) of the last snapshot: the shown Node
+    depends on these two alone (both immutable), so it is the same object while they are (the planner's rows of a
+    node are kept while its Node is the same object). Replaced by every snapshot (so it holds only listed nodes)."""
+    _shown_off: dict[str, tuple[NodeClaim, bool, Node]] | None = None
+    """Claim key -> (claim, whether a GPR holds it, the Node the planner is shown for it) of the claims without a
+    listed Node in the last snapshot (the same reasoning; pools and the catalog, which the Node's labels come from,
+    never change)."""
 
     def _retry_requested(self, w: World, result: ReconcileResult) -> None:
         for key, c in self.claims.in_phases((ClaimPhase.REQUESTED,)):
@@ -91,11 +124,22 @@ class ScaleUpSteps(ShellBase):
         st = self.scaleup
         real, virtual = self._pending(w)
         keys = tuple(p.key for p in real)
-        steady = self._still_empty
-        if steady is not None and not virtual and not st.force and steady[1] is st.memo and steady[0] == keys:
+        steady = self._steady
+        if (
+            steady is not None
+            and not virtual
+            and not st.force
+            and steady[1] is st.memo
+            and steady[0] == keys
+            and (steady[2] is None or steady[2] == self.claims.version)
+        ):
+            if not keys:
+                self._prune_reports(())
             return
-        self._still_empty = None
+        self._steady = None
         closed = st.batch.update(keys, now)
+        if not closed and not st.force and (keys or virtual) and self.shortcuts:
+            return  # the gate's WAIT: the batch window is open (the gate reads nothing else first, changes nothing)
         in_flight: tuple[set[str], set[str]] | None = None
         static = st.memo.static_blocked
         if (virtual or any(p.key not in static for p in real)) and (closed or st.force):
@@ -118,12 +162,23 @@ class ScaleUpSteps(ShellBase):
         if gate is Gate.IDLE:
             st.batch.close()
             self._prune_reports(set())
+            if self.shortcuts:
+                self._steady = ((), st.memo, None)
             return
         if gate is Gate.EMPTY:
             st.batch.close()
-            self._still_empty = (keys, st.memo)
+            if self.shortcuts:
+                self._steady = (keys, st.memo, None)
             return
         if gate in (Gate.COVERED, Gate.UNCHANGED):
+            if (
+                gate is Gate.COVERED
+                and in_flight is not None
+                and not st.check
+                and self.shortcuts
+                and all(p.key in in_flight[0] for p in verdict.real)
+            ):
+                self._steady = (keys, st.memo, self.claims.version)
             if st.check:
                 snapshot = self._snapshot(w, verdict.real, virtual)
                 ref = decide_scale_up(snapshot, st.planner, self.config.planner, now)
@@ -205,35 +260,47 @@ class ScaleUpSteps(ShellBase):
         return effective_pools(list(self.pools.values()), nodes, fallback, backed_off)
 
     def _snapshot(self, w: World, real: Sequence[Pod], virtual: Sequence[Pod]) -> Snapshot:
-        by_name = {c.node_name: c for c in self.claims.values() if c.node_name}
+        claims = self.claims
+        by_name = {c.node_name: c for c in claims.values() if c.node_name}
+        last = self._shown or {}
+        shown: dict[str, tuple[Node, NodeClaim | None, Node]] = {}
         nodes: list[Node] = []
-        for n in w.nodes.values():
+        for name, n in w.nodes.items():
             c = by_name.get(n.name)
-            if c is not None and c.phase in LEAVING:
-                nodes.append(replace(n, unschedulable=True, pool=n.pool or c.pool))
-            elif c is not None and c.phase in (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED):  # Node up, GPUs to come
-                alloc = c.expected if c.expected.gpus > n.allocatable.gpus else n.allocatable
-                nodes.append(replace(n, allocatable=alloc, launching=True, pool=n.pool or c.pool))
-            elif c is not None and n.pool is None:
-                nodes.append(replace(n, pool=c.pool))
-            else:
-                nodes.append(n)
-        gpr_keys = self.gpr.keys(self.claims)
+            kept = last.get(name)
+            node = kept[2] if kept is not None and kept[0] is n and kept[1] is c else _shown_node(n, c)
+            shown[name] = (n, c, node)
+            nodes.append(node)
+        self._shown = shown
+        gpr_keys = self.gpr.keys(claims)
         # the claims that may add a node (those in other phases, whose node is not listed, add none)
-        off_node = dict(self.claims.in_phases(_MAY_ADD_NODE))
-        off_node.update((k, self.claims[k]) for k in gpr_keys)
+        off_node = dict(claims.in_phases(_MAY_ADD_NODE))
+        off_node.update((k, claims[k]) for k in gpr_keys)
+        last_off = self._shown_off or {}
+        shown_off: dict[str, tuple[NodeClaim, bool, Node]] = {}
         for key, c in sorted(off_node.items()):
             if c.node_name in w.nodes:
                 continue
-            if key in gpr_keys:  # a GPR's node in flight counts against its pool's limits but is no room for pods
-                if c.alive:
-                    nodes.append(replace(self._launching_node(key, c), launching=False, unschedulable=True))
+            held = key in gpr_keys
+            got = last_off.get(key)
+            if got is not None and got[0] is c and got[1] is held:
+                nodes.append(got[2])
+                shown_off[key] = got
                 continue
-            if c.phase in (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED):
-                nodes.append(self._launching_node(key, c))
+            if held:  # a GPR's node in flight counts against its pool's limits but is no room for pods
+                if not c.alive:
+                    continue
+                node = replace(self._launching_node(key, c), launching=False, unschedulable=True)
+            elif c.phase in (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED):
+                node = self._launching_node(key, c)
             elif c.phase in (ClaimPhase.DRAINING, ClaimPhase.DELETING) or (c.phase is ClaimPhase.FAILED and c.node_id):
                 # still billed and counted against maxNodes/limits, but takes no pods
-                nodes.append(replace(self._launching_node(key, c), launching=False, unschedulable=True))
+                node = replace(self._launching_node(key, c), launching=False, unschedulable=True)
+            else:
+                continue
+            nodes.append(node)
+            shown_off[key] = (c, held, node)
+        self._shown_off = shown_off
         skip = {p.key for p in virtual} | self.scaleup.memo.static_blocked
         pods = [p for p in w.pods if p.key not in skip] + list(virtual)
         return Snapshot(
