@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from builders import OD, catalog, itype, pod, pool
+from builders import OD, catalog, itype, node, pod, pool
 from gpuscale.controller.config import ControllerConfig
+from gpuscale.core import anticipate as anticipate_mod
 from gpuscale.core.anticipate import (
     ANTICIPATED_NAMESPACE,
     LOWEST_PRIORITY,
@@ -16,10 +19,11 @@ from gpuscale.core.anticipate import (
     anticipated,
     expected_pods,
     is_anticipated,
+    repack_in_flight,
     weigh,
     with_extra,
 )
-from gpuscale.core.model import Pod, Snapshot
+from gpuscale.core.model import Pod, Snapshot, Taint, TaintEffect
 from gpuscale.core.plan import PlannerConfig
 from gpuscale.core.planner import plan
 from gpuscale.core.reconcile.scaleup import LaunchOrder, ScaleUpDecision, decide_scale_up
@@ -221,3 +225,92 @@ def test_policy_file_for_the_cluster_controller(tmp_path: Path) -> None:
     f.write_text("anticipate: {maxExtraGpus: -1}\n")
     with pytest.raises(InputError, match=r"anticipate\.maxExtraGpus"):
         load_policy(str(f))
+
+
+# ------------------------------------------------------------------------------------------------ nodes in flight
+def _flight_case() -> Snapshot:
+    """Traced on the openb replay (seed 4, ``maxExtraGpus: 8``): two nodes in flight, a 1-GPU and a 2-GPU one, and
+    three pending pods. Pod by pod, the 1-GPU pod takes the 1-GPU node and the 0.65-GPU pod the 2-GPU node, whose
+    CPU is then too short for the 0.23-GPU pod; with the 1-GPU pod on the 2-GPU node all three fit."""
+    nodes = (
+        node("n1", 28000, 114688, 1, "T4", pool="gpu", launching=True),
+        node("n2", 16000, 122880, 2, "T4", pool="gpu", launching=True),
+    )
+    pods = (
+        pod("p1", cpu=11908, mem=47104, gpus=1),
+        pod("p2", cpu=11908, mem=47104, milli=650),
+        pod("p3", cpu=8000, mem=30517, milli=230),
+    )
+    return Snapshot(pods=pods, nodes=nodes, pools=(pool("gpu"),), catalog=CAT)
+
+
+def _fits_all(snap: Snapshot, placed: dict[str, str]) -> bool:
+    """Every pod of ``placed`` fits its node with the others (CPU, memory, GPU milli per node: whole GPUs counted
+    as 1000; enough for these cases)."""
+    for n in snap.nodes:
+        on = [p.request for p in snap.pods if placed.get(p.key) == n.name or p.node_name == n.name]
+        cpu = sum(r.cpu_milli for r in on)
+        mem = sum(r.memory_mib for r in on)
+        gpu = sum(r.gpu_demand_milli for r in on)
+        if cpu > n.allocatable.cpu_milli or mem > n.allocatable.memory_mib or gpu > 1000 * n.allocatable.gpus:
+            return False
+    return True
+
+
+def test_pods_that_all_fit_on_the_nodes_in_flight_launch_no_node() -> None:
+    snap = _flight_case()
+    # the plan the replay's planner made (its placement depends on its scorer and the rest of the cluster)
+    plain = _decision(_order("g1", "default/p3"), placed={"default/p1": "n1", "default/p2": "n2"})
+    out = repack_in_flight(snap, plain)
+    assert out.launches == ()
+    assert set(out.placed) == {"default/p1", "default/p2", "default/p3"}
+    assert out.placed["default/p1"] == "n2" and _fits_all(snap, dict(out.placed))
+    assert out.blocked == plain.blocked and out.attempt == plain.attempt
+    assert repack_in_flight(snap, out) is out  # nothing launched: nothing to do
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        # the third pod needs more CPU than any assignment leaves
+        (lambda s: replace(s, pods=(*s.pods[:2], pod("p3", cpu=16500, mem=30517, milli=230))), "does not fit"),
+        # no node in flight
+        (lambda s: replace(s, nodes=tuple(replace(n, launching=False) for n in s.nodes)), "registered nodes"),
+        # a gang member is left to the planner
+        (
+            lambda s: replace(s, pods=(*s.pods[:2], pod("p3", cpu=8000, mem=30517, milli=230, gang="g", gang_size=1))),
+            "gang",
+        ),
+        # the 2-GPU node is tainted: the 1-GPU pod may not go there
+        (
+            lambda s: replace(
+                s, nodes=(s.nodes[0], replace(s.nodes[1], taints=(Taint("only", TaintEffect.NO_SCHEDULE, "x"),)))
+            ),
+            "taint",
+        ),
+    ],
+)
+def test_repack_keeps_the_plain_plan_when_no_assignment_fits(change: Any, why: str) -> None:
+    snap = change(_flight_case())
+    plain = _decision(_order("g1", "default/p3"), placed={"default/p1": "n1", "default/p2": "n2"})
+    assert repack_in_flight(snap, plain) is plain, why
+
+
+def test_repack_keeps_launches_naming_no_pod_and_counts_pods_bound_in_flight() -> None:
+    snap = _flight_case()
+    extra = LaunchOrder(("x",), "gpu", "g4", "z1", OD, (), "ScaleUp", 1)
+    plain = _decision(_order("g1", "default/p3"), extra, placed={"default/p1": "n1", "default/p2": "n2"})
+    assert repack_in_flight(snap, plain).launches == (extra,)
+    # a pod already bound to the 2-GPU node takes its room: the three no longer fit
+    busy = replace(snap, pods=(*snap.pods, pod("b", cpu=8000, mem=1024, node="n2")))
+    assert repack_in_flight(busy, plain) is plain
+
+
+def test_repack_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    snap = _flight_case()
+    plain = _decision(_order("g1", "default/p3"), placed={"default/p1": "n1", "default/p2": "n2"})
+    monkeypatch.setattr(anticipate_mod, "REPACK_MAX_STEPS", 2)  # p1 on n1, p2 on n2, then out of steps
+    assert repack_in_flight(snap, plain) is plain
+    monkeypatch.setattr(anticipate_mod, "REPACK_MAX_STEPS", 4096)
+    monkeypatch.setattr(anticipate_mod, "REPACK_MAX_PODS", 2)
+    assert repack_in_flight(snap, plain) is plain

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuscale.controller.settingsread import known_keys, positive_duration
-from gpuscale.core.anticipate import AnticipateSpec, Verdict, after_plan, expected_pods, weigh, with_extra
+from gpuscale.core.anticipate import (
+    AnticipateSpec,
+    Verdict,
+    after_plan,
+    expected_pods,
+    repack_in_flight,
+    weigh,
+    with_extra,
+)
 from gpuscale.core.model import Catalog, Pod, Snapshot
 from gpuscale.core.reconcile.scaleup import ScaleUpDecision
 from gpuscale.errors import InputError
@@ -81,6 +89,8 @@ class AnticipateStats:
     extra_hourly: float = 0.0
     """$/h bought beyond the plain plans, over the plans taken."""
     last: Verdict | None = None
+    repacked: int = 0
+    """Plans whose launches for pods were dropped: the pods fit on the nodes in flight (``repack_in_flight``)."""
 
 
 class Anticipation:
@@ -121,9 +131,16 @@ class Anticipation:
         now: float,
     ) -> ScaleUpDecision:
         """``plain``, or ``plain`` with the nodes ``replan`` launches for the expected pods over the snapshot ``plain``
-        leaves, when they pay. Only plans that launch nodes are weighed."""
+        leaves, when they pay. Only plans that launch nodes are weighed. First, a plan whose pods all fit on the
+        nodes in flight (spare room of extra nodes the planner's placement missed) launches no node for them."""
         if not plain.launches:
             return plain
+        packed = repack_in_flight(snapshot, plain)
+        if packed is not plain:
+            self.stats.repacked += 1
+            plain = packed
+            if not plain.launches:
+                return plain
         expected = expected_pods(self.times, self.pods, self.first_seen, now, self.spec)
         if not expected:
             return plain

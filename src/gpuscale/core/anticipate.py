@@ -23,6 +23,11 @@ Pure decisions, in three steps (the controller calls the planner between the fir
 The room bought is always one more node, never a bigger node instead of the plain plan's: a re-plan of the pending
 pods together with the expected ones spreads them over its nodes differently, and a node then launched for a
 pending pod that fits in the spare room of another launched in the same round is a redundant launch.
+
+Extra nodes in flight leave spare room the planner's one-pod-at-a-time placement can miss (it puts a pod on the
+node that suits it best, and a later pod then fits on none, where another assignment fits them all):
+:func:`repack_in_flight` looks for such an assignment of the pods the plain plan puts on nodes in flight or launches
+nodes for, by a small bounded search, and when every one of them fits drops the launches for them.
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ from dataclasses import dataclass, replace
 
 from gpuscale.core.headroom import HeadroomSpec, forecast
 from gpuscale.core.model import Catalog, Node, Offering, Pod, Snapshot
+from gpuscale.core.predicates import static_failure
 from gpuscale.core.reconcile.scaleup import LaunchOrder, ScaleUpDecision
-from gpuscale.core.resources import MILLI_PER_GPU
+from gpuscale.core.resources import MILLI_PER_GPU, Request
+from gpuscale.core.state import ClusterState, Placement
 from gpuscale.core.templates import template_allocatable, template_labels
 
 ANTICIPATED_NAMESPACE = "gpuscale.io~anticipated"
@@ -207,3 +214,87 @@ def with_extra(plain: ScaleUpDecision, extra: ScaleUpDecision) -> ScaleUpDecisio
     first = 1 + max((o.group for o in plain.launches), default=-1)
     more = tuple(replace(o, pods=(), group=first + o.group) for o in extra.launches)
     return replace(plain, launches=plain.launches + more)
+
+
+REPACK_MAX_PODS = 8
+""":func:`repack_in_flight` looks at plans with at most this many pods to place on nodes in flight or new nodes."""
+REPACK_MAX_NODES = 8
+"""... and at most this many nodes in flight."""
+REPACK_MAX_STEPS = 4096
+"""... and tries at most this many placements (the search is exact below it, gives up above it)."""
+
+
+def repack_in_flight(snapshot: Snapshot, plain: ScaleUpDecision) -> ScaleUpDecision:
+    """``plain`` without its launches for pods, if the pods it places on nodes in flight and those it launches nodes
+    for all fit in the free room of the nodes in flight (``snapshot``'s launching nodes) by some assignment; else
+    ``plain``. The assignment is searched for pod by pod, largest first (GPUs, then CPU, then memory), trying each
+    node in flight, backtracking, within :data:`REPACK_MAX_PODS`, :data:`REPACK_MAX_NODES` and
+    :data:`REPACK_MAX_STEPS`. Launch orders naming no pod are kept. Gang members are left to the planner."""
+    named = [k for o in plain.launches for k in o.pods]
+    if not named:
+        return plain
+    flight = [n for n in snapshot.nodes if n.launching and not n.unschedulable]
+    if not flight or len(flight) > REPACK_MAX_NODES:
+        return plain
+    names = {n.name for n in flight}
+    keys = set(named) | {k for k, v in plain.placed.items() if v in names}
+    if len(keys) > REPACK_MAX_PODS:
+        return plain
+    by_key = {p.key: p for p in snapshot.pods if p.key in keys}
+    pods = [by_key[k] for k in sorted(keys) if k in by_key]
+    if len(pods) != len(keys) or any(p.gang is not None or p.node_name is not None for p in pods):
+        return plain
+    pods.sort(key=lambda p: (-p.request.gpu_demand_milli, -p.request.cpu_milli, -p.request.memory_mib, p.key))
+    bound: list[list[Request]] = [[] for _ in flight]
+    index = {n.name: i for i, n in enumerate(flight)}
+    for p in snapshot.pods:
+        i = index.get(p.node_name)  # type: ignore[arg-type]
+        if i is not None and p.phase in ("Pending", "Running"):
+            bound[i].append(p.request)
+    state = ClusterState.occupied(
+        [n.name for n in flight], [n.allocatable for n in flight], [n.gpu_model for n in flight], bound
+    )
+    workloads = snapshot.workloads or None
+    allowed = [
+        [i for i, n in enumerate(flight) if static_failure(p, n.labels, n.taints, False, workloads) is None]
+        for p in pods
+    ]
+    found = _assign(state, [p.request for p in pods], allowed)
+    if found is None:
+        return plain
+    placed = dict(plain.placed)
+    placed.update((p.key, flight[i].name) for p, i in zip(pods, found, strict=True))
+    launches = tuple(o for o in plain.launches if not o.pods)
+    return replace(plain, launches=launches, placed=placed)
+
+
+def _assign(state: ClusterState, reqs: Sequence[Request], allowed: Sequence[Sequence[int]]) -> list[int] | None:
+    """A row of ``state`` for each request, in order, every one fitting with those before it placed (None: none
+    found within :data:`REPACK_MAX_STEPS` placements). ``state`` is left as it was."""
+    rows: list[int] = []
+    taken: list[Placement] = []
+    steps = 0
+
+    def go(k: int) -> bool:
+        nonlocal steps
+        if k == len(reqs):
+            return True
+        req = reqs[k]
+        for i in allowed[k]:
+            if steps >= REPACK_MAX_STEPS:
+                return False
+            if not state.fits_one(req, i):
+                continue
+            steps += 1
+            taken.append(state.place(req, i))
+            rows.append(i)
+            if go(k + 1):
+                return True
+            rows.pop()
+            state.release(req, taken.pop())
+        return False
+
+    ok = go(0)
+    for req, pl in zip(reversed(reqs[: len(taken)]), reversed(taken), strict=True):
+        state.release(req, pl)
+    return rows if ok else None
