@@ -35,12 +35,20 @@ workload:
     at: 15m
     runtime: 5h
     shape: {{cpu: 2, memory: 4Gi, gpus: 1}}
-policy: {{name: gpuscale{extra}}}
+{late}policy: {{name: gpuscale{extra}}}
+"""
+LATE = """  - source: burst
+    prefix: late
+    count: 1
+    at: 21m
+    runtime: 1h
+    shape: {cpu: 2, memory: 2Gi}
 """
 
 
-def _run(extra: str) -> tuple[dict[str, Any], list[Any]]:
-    res = simulate_policy(parse_scenario(SCENARIO.format(extra=extra), source="r.yaml", catalog=CAT), "gpuscale")
+def _run(extra: str, late: str = "") -> tuple[dict[str, Any], list[Any]]:
+    text = SCENARIO.format(extra=extra, late=late)
+    res = simulate_policy(parse_scenario(text, source="r.yaml", catalog=CAT), "gpuscale")
     return res.report, [e for e in res.cluster.events if e.kind == "Consolidate" and "rightsize" in e.message]
 
 
@@ -60,3 +68,11 @@ def test_a_small_pod_on_a_large_warm_node_moves_to_the_cheapest_node_that_holds_
     # woken when the pod reaches minPodAge; a saving under minSaving (here 46 %) is not taken
     assert [e.at for e in _run(", rightsize: {minPodAge: 1m}")[1]] == [16 * 60]
     assert _run(", rightsize: {minSaving: 0.5}")[1] == []
+
+
+def test_the_node_being_right_sized_takes_no_new_pod() -> None:
+    # a CPU pod arrives a minute after the decision: the old node (26 vCPUs free) is cordoned, so the pod does not
+    # land there only to be evicted when the node drains
+    report, moves = _run(", rightsize: {minPodAge: 5m}", LATE)
+    assert len(moves) == 1
+    assert report["cluster"]["evictions"] == 1 and report["duplicateLaunches"] == 0

@@ -1,7 +1,9 @@
 """The controller side of ``rightsize`` (:mod:`gpuscale.core.disruption.rightsize`): once per round, after the
 consolidation step and only when that step started nothing, the consolidatable node whose pods are all young and
 that a cheaper node of its pool and capacity type would hold is replaced (one node per round, launched like a
-consolidation's replacement: the old node drains once the new one is ready).
+consolidation's replacement: the old node drains once the new one is ready). The old node is cordoned at once, so
+that no pod lands on it meanwhile (the replacement has room for its pods only); a controller restarted before the
+replacement is ready resumes it as draining.
 
 Pod ages are the controller's first-bound times (``OptionsController.bound_since``): after a restart they start
 again, so no node is right-sized until its pods have been seen bound for ``minPodAge``.
@@ -10,7 +12,7 @@ again, so no node is right-sized until its pods have been seen bound for ``minPo
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from gpuscale.controller.shell import ReconcileResult, World
@@ -79,6 +81,10 @@ class Rightsizing:
             return
         rids = tuple(k for k, c in ctrl.claims.items() if c.replaces == action.node and k not in before and c.alive)
         ctrl.replacements.start(action.node, rids, action)
+        # cordoned now, so that no pod lands on it while its replacement boots (the replacement holds only its pods)
+        ctrl.backend.cordon(action.node)
+        if (node := w.nodes.get(action.node)) is not None:
+            w.nodes[action.node] = replace(node, unschedulable=True)
         result.launched += 1 if outcome is Outcome.OK else 0
         result.disrupted += 1
         self.stats.replaced += 1
