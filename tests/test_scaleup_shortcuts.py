@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gpuscale.controller import scaleup
+from gpuscale.core.nodeclaim import IN_FLIGHT
 from gpuscale.core.reconcile.scaleup import Gate, gate_scale_up
 from gpuscale.sim.commands import simulate_policy
 from gpuscale.sim.scenario import load_scenario
@@ -99,9 +100,23 @@ def test_demo_run_is_identical_without_the_round_shortcuts(monkeypatch: pytest.M
         return verdict
 
     monkeypatch.setattr(scaleup, "gate_scale_up", counting)
+    kept = scaleup.ScaleUpSteps._in_flight
+    reused: list[bool] = []
+
+    def checked(self: Any) -> tuple[set[str], set[str]]:  # the kept answer equals one computed afresh
+        before = self._in_flight_kept
+        got = kept(self)
+        pods = {k for _, c in self.claims.in_phases(IN_FLIGHT) for k in c.pods}
+        names = {c.node_name for _, c in self.claims.in_phases(IN_FLIGHT) if c.node_name}
+        assert got == (pods, names)
+        reused.append(before is not None and got is before[2])
+        return got
+
+    monkeypatch.setattr(scaleup.ScaleUpSteps, "_in_flight", checked)
     path = ROOT / "examples" / "demo.yaml"
     fast = _run(path)
     fast_gates = list(gates)
+    assert reused.count(True) > 10 and reused.count(False) > 10
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(scaleup.ScaleUpSteps, "shortcuts", False)
         _fresh_snapshots(mp)

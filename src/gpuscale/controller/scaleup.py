@@ -24,6 +24,7 @@ from gpuscale.core.reconcile.scaleup import (
     ScaleUpDecision,
     Step,
     after_launch,
+    all_covered,
     decide_scale_up,
     effective_pools,
     gate_scale_up,
@@ -61,18 +62,20 @@ class ScaleUpSteps(ShellBase):
     scaleup: ScaleUpState
     shortcuts = True
     """Take the round shortcuts below (off only in tests that compare runs with and without them)."""
-    _steady: tuple[tuple[str, ...], PlanningMemo, int | None] | None = None
-    """(pending pods, memo, claim table version or None) of the last round, when its gate answered what no later
-    round can answer differently while these stay the same (and no pod of a leaving node is to move and no plan is
-    forced), so that such a round returns at once:
+    _steady: tuple[tuple[str, ...], PlanningMemo, tuple[Pod, ...] | None] | None = None
+    """(pending pods, memo, pods to plan for or None) of the last round, when its gate answered what a later round
+    with the same pending pods and memo object, no pod of a leaving node to move and no plan forced answers again
+    unless said otherwise, so that such a round returns at once:
 
     * ``EMPTY`` (only statically blocked pods pending; None): the batch window was closed and nothing else the gate
       reads before ``EMPTY`` changed.
     * ``IDLE`` (nothing pending; None): it left no batch and a memo without placements. The round still forgets the
       reasons reported for pods, as the ``IDLE`` gate does (another step may have reported one since).
-    * ``COVERED`` with every pending pod one a claim in flight was launched for (the table's version): the batch was
-      closed (it stays so while no new pod is pending), and the claims in flight are the same while the table is.
+    * ``COVERED`` (the pods to plan for): the batch window was closed and stays so while no new pod is pending, so
+      the gate answers ``COVERED`` again if those pods are still all covered (:func:`all_covered`, asked again).
     """
+    _in_flight_kept: tuple[object, int, tuple[set[str], set[str]]] | None = None
+    """(claim table, its version, :meth:`_in_flight`'s answer)."""
     _shown: dict[str, tuple[Node, NodeClaim | None, Node]] | None = None
     """Node name -> (listed Node, its claim, the Node the planner is shown) of the last snapshot: the shown Node
     depends on these two alone (both immutable), so it is the same object while they are (the planner's rows of a
@@ -109,14 +112,27 @@ class ScaleUpSteps(ShellBase):
         return real, virtual
 
     def _in_flight(self) -> tuple[set[str], set[str]]:
-        """(pods the claims in flight were launched for, node names of claims in flight)."""
+        """(pods the claims in flight were launched for, node names of claims in flight); kept while the claim table
+        is unchanged (its ``version``): do not change the sets."""
+        claims = self.claims
+        kept = self._in_flight_kept
+        if kept is not None and kept[0] is claims and kept[1] == claims.version:
+            return kept[2]
         pods: set[str] = set()
         coming_up: set[str] = set()
-        for _, c in self.claims.in_phases(IN_FLIGHT):
+        for _, c in claims.in_phases(IN_FLIGHT):
             pods.update(c.pods)
             if c.node_name:
                 coming_up.add(c.node_name)
+        self._in_flight_kept = (claims, claims.version, (pods, coming_up))
         return pods, coming_up
+
+    def _covered(self, todo: Sequence[Pod], w: World) -> bool:
+        """True if the gate would find every pod of ``todo`` covered now (:func:`all_covered`)."""
+        memo = self.scaleup.memo
+        pods, coming_up = self._in_flight()
+        fresh = w.now - memo.last_plan_at < self.config.replan_interval_s
+        return all_covered(todo, memo, pods, coming_up, w.nodes, fresh)
 
     def _scale_up(self, w: World, result: ReconcileResult) -> None:
         """Gate, plan and launch (see :mod:`gpuscale.core.reconcile.scaleup` for the re-plan loop's bound)."""
@@ -131,7 +147,7 @@ class ScaleUpSteps(ShellBase):
             and not st.force
             and steady[1] is st.memo
             and steady[0] == keys
-            and (steady[2] is None or steady[2] == self.claims.version)
+            and (steady[2] is None or self._covered(steady[2], w))
         ):
             if not keys:
                 self._prune_reports(())
@@ -171,14 +187,8 @@ class ScaleUpSteps(ShellBase):
                 self._steady = (keys, st.memo, None)
             return
         if gate in (Gate.COVERED, Gate.UNCHANGED):
-            if (
-                gate is Gate.COVERED
-                and in_flight is not None
-                and not st.check
-                and self.shortcuts
-                and all(p.key in in_flight[0] for p in verdict.real)
-            ):
-                self._steady = (keys, st.memo, self.claims.version)
+            if gate is Gate.COVERED and not st.check and self.shortcuts:
+                self._steady = (keys, st.memo, verdict.real)
             if st.check:
                 snapshot = self._snapshot(w, verdict.real, virtual)
                 ref = decide_scale_up(snapshot, st.planner, self.config.planner, now)

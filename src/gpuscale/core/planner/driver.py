@@ -56,6 +56,8 @@ class Planner:
         self.packer = GreedyPacker(self.choices, self.class_of, config.candidate_types, table)
         self.classes: list[PodClass] = []
         self._class_of: dict[tuple[object, ...], PodClass] = {}
+        self._pod_class: dict[str, tuple[Pod, PodClass]] = {}
+        """Pod key -> (the pod, its class) for the pods classified (:meth:`class_of` asks again and again)."""
         self.pods_by_key: Mapping[str, Pod] = _PodIndex(snapshot.pods)
         self._workloads = snapshot.workloads
 
@@ -74,6 +76,7 @@ class Planner:
         return Context(state, pool_nodes, pool_usage, [], {}, [])
 
     def _classify(self, pods: Iterable[Pod]) -> None:
+        by_pod = self._pod_class
         for pod in pods:
             key = self._key(pod)
             cls = self._class_of.get(key)
@@ -82,8 +85,12 @@ class Planner:
                 self.classes.append(cls)
                 self._class_of[key] = cls
             cls.pods.append(pod)
+            by_pod[pod.key] = (pod, cls)
 
     def class_of(self, pod: Pod) -> PodClass:
+        got = self._pod_class.get(pod.key)
+        if got is not None and got[0] is pod:  # the class found by _classify (the same pod object)
+            return got[1]
         return self._class_of[self._key(pod)]
 
     def explain(self, ctx: Context, pod: Pod) -> Blocked:

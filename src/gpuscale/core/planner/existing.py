@@ -18,6 +18,8 @@ from gpuscale.core.scoring import SCORERS, Scorer, Workload, make_scorer, select
 from gpuscale.core.state import ClusterState, IntArray, RowArena, occupied_row
 
 _KEY = attrgetter("key")
+_LAUNCHING_NAME = attrgetter("launching", "name")
+"""Existing nodes before launching ones, then by name."""
 _BOUND = ("Pending", "Running")
 """Phases of a pod bound to a node that take its room."""
 
@@ -54,11 +56,14 @@ class ExistingNodes:
         self._scorer_name = scorer
         self.scorer: Scorer | None = None
         """Made on first use (most plans place nothing on existing nodes, or on a lone candidate)."""
-        self.nodes: list[Node] = sorted(snapshot.nodes, key=lambda n: (n.launching, n.name))
-        self.node_index = {n.name: i for i, n in enumerate(self.nodes)}
-        self.launching = np.array([n.launching for n in self.nodes], dtype=bool)
+        self.nodes: list[Node] = sorted(snapshot.nodes, key=_LAUNCHING_NAME)
+        self.names = [n.name for n in self.nodes]
+        self.node_index = {name: i for i, name in enumerate(self.names)}
+        self.launching = np.fromiter([n.launching for n in self.nodes], dtype=bool, count=len(self.nodes))
         self._rows_cache: dict[int, tuple[IntArray, IntArray]] = {}
         self._groups_cache: dict[tuple[str, ...], list[IntArray]] = {}
+        self._all_rows: tuple[IntArray, IntArray] | None = None
+        """(existing rows, launching rows) of all nodes, for the classes that may use every node."""
         self._scorer_ready = False
         self._pure_scores = not getattr(SCORERS[scorer], "draws", False)
         """The scorer's answers depend on its inputs alone (no random stream that a skipped call would not
@@ -93,7 +98,7 @@ class ExistingNodes:
                     v, gpus = occupied_row(n.allocatable, width, [p.request for p in pods])
                     row = rows[n.name] = (n, arena.add(v, gpus, n.gpu_model), pods)
                 slots.append(row[1])
-            state = arena.state([n.name for n in nodes], slots)  # == ClusterState.occupied(...) of these rows
+            state = arena.state(list(self.names), slots)  # == ClusterState.occupied(...) of these rows
         self._scorer_ready = False
         if gangs:
             self._prepare_scorer(state)  # gang trials change the state before the first placement
@@ -105,15 +110,25 @@ class ExistingNodes:
         if cached is not None:
             return cached
         pod = cls.example
-        ok = np.zeros(len(self.nodes), dtype=bool)
         keys = referenced_keys(pod)
         if self.workloads:  # the class key tells apart pods the GPR rule treats differently; nodes by their GPR too
             keys = tuple(sorted({*keys, GPR_LABEL}))
-        for rows in self._node_groups(keys):
-            n = self.nodes[rows[0]]
-            if static_failure(pod, n.labels, n.taints, n.unschedulable, self.workloads) is None:
+        groups = self._node_groups(keys)
+        nodes, workloads = self.nodes, self.workloads
+        passing = []
+        for rows in groups:
+            n = nodes[rows[0]]
+            if static_failure(pod, n.labels, n.taints, n.unschedulable, workloads) is None:
+                passing.append(rows)
+        if len(passing) == len(groups):  # the class may use every node (the common case): one split per plan
+            if self._all_rows is None:
+                self._all_rows = (np.flatnonzero(~self.launching), np.flatnonzero(self.launching))
+            result = self._all_rows
+        else:
+            ok = np.zeros(len(nodes), dtype=bool)
+            for rows in passing:
                 ok[rows] = True
-        result = (np.flatnonzero(ok & ~self.launching), np.flatnonzero(ok & self.launching))
+            result = (np.flatnonzero(ok & ~self.launching), np.flatnonzero(ok & self.launching))
         self._rows_cache[cls.index] = result
         return result
 

@@ -196,14 +196,14 @@ def gate_scale_up(
     if not todo and not virtual:
         return GateVerdict(Gate.EMPTY, (), memo, pending)
     fresh = now - memo.last_plan_at < replan_interval_s
-    if not virtual and not force and _all_covered(todo, memo, in_flight_pods, coming_up, nodes, fresh):
+    if not virtual and not force and all_covered(todo, memo, in_flight_pods, coming_up, nodes, fresh):
         return GateVerdict(Gate.COVERED, todo, memo, pending)
     if not force and fresh and signature(todo) == memo.signature:
         return GateVerdict(Gate.UNCHANGED, todo, memo, pending)
     return GateVerdict(Gate.PLAN, todo, memo, pending)
 
 
-def _all_covered(
+def all_covered(
     real: Sequence[Pod],
     memo: PlanningMemo,
     in_flight: Collection[str],
@@ -211,6 +211,8 @@ def _all_covered(
     nodes: Mapping[str, Node],
     fresh: bool,
 ) -> bool:
+    """True if every pod of ``real`` is covered (see :func:`gate_scale_up`); ``fresh``: the last plan is less than
+    ``replanInterval`` old."""
     for p in real:
         if p.key in in_flight:
             continue
