@@ -19,6 +19,7 @@ from gpuscale.core.anticipate import (
     anticipated,
     expected_pods,
     is_anticipated,
+    real_first,
     repack_in_flight,
     weigh,
     with_extra,
@@ -314,3 +315,38 @@ def test_repack_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(anticipate_mod, "REPACK_MAX_STEPS", 4096)
     monkeypatch.setattr(anticipate_mod, "REPACK_MAX_PODS", 2)
     assert repack_in_flight(snap, plain) is plain
+
+
+def _leaving_case(x_gpus: int = 1, v_gpus: int = 1) -> tuple[Snapshot, ScaleUpDecision]:
+    """An extra node in flight (launched for no pod), a pending 1-GPU pod ``r`` and a pod ``v`` of a draining node
+    shown pending: the planner put ``v`` on the extra node and launched a node for ``r`` (as traced on openb)."""
+    snap = Snapshot(
+        pods=(pod("r", cpu=4000, gpus=1), pod("v", cpu=4000, gpus=v_gpus)),
+        nodes=(node("x", 8000 * x_gpus, 32768 * x_gpus, x_gpus, "T4", pool="gpu", launching=True),),
+        pools=(pool("gpu"),),
+        catalog=CAT,
+    )
+    return snap, _decision(_order("g1", "default/r"), placed={"default/v": "x"})
+
+
+def test_pending_pods_take_the_room_in_flight_before_pods_of_draining_nodes() -> None:
+    snap, plain = _leaving_case()
+    out = real_first(snap, plain, {"default/v"}, _plan, CAT)
+    # r waits: it gets the node in flight; v, still running on its draining node, the node launched
+    assert out.placed == {"default/r": "x"}
+    assert [(o.instance_type, o.pods) for o in out.launches] == [("g1", ("default/v",))]
+    assert out.attempt == plain.attempt and out.may_replan == plain.may_replan
+
+
+def test_real_first_keeps_the_plain_plan() -> None:
+    snap, plain = _leaving_case()
+    cases = [
+        (snap, plain, set(), "no pod of a draining node"),
+        (snap, _decision(_order("g1", "default/v"), placed={"default/r": "x"}), {"default/v"}, "launches for v"),
+        (snap, _decision(_order("g1", "default/r")), {"default/v"}, "v not on a node in flight"),
+    ]
+    for s, d, leaving, why in cases:
+        assert real_first(s, d, leaving, _plan, CAT) is d, why
+    # made again, v (4 GPUs) needs a 4-GPU node: dearer per hour than the 1-GPU node for r, so the plain plan stays
+    big, plain4 = _leaving_case(x_gpus=4, v_gpus=4)
+    assert real_first(big, plain4, {"default/v"}, _plan, CAT) is plain4

@@ -18,6 +18,7 @@ from gpuscale.core.anticipate import (
     Verdict,
     after_plan,
     expected_pods,
+    real_first,
     repack_in_flight,
     weigh,
     with_extra,
@@ -91,6 +92,8 @@ class AnticipateStats:
     last: Verdict | None = None
     repacked: int = 0
     """Plans whose launches for pods were dropped: the pods fit on the nodes in flight (``repack_in_flight``)."""
+    reordered: int = 0
+    """Plans made again with the pending pods before the pods of draining nodes (``real_first``)."""
 
 
 class Anticipation:
@@ -102,12 +105,15 @@ class Anticipation:
         self.times: list[float] = []
         self.pods: list[Pod] = []
         self._seen: set[str] | None = None
+        self._bound: frozenset[str] = frozenset()
+        """Pods bound to a node in the last world observed (those shown pending to the planner are leaving)."""
         self.stats = AnticipateStats()
 
     def observe(self, w: World) -> None:
         """Record the GPU pods first seen this round (not daemon pods); drop arrivals the forecast no longer reads.
         Calling it twice in a round records nothing the second time."""
         keys = {p.key for p in w.pods}
+        self._bound = frozenset([p.key for p in w.pods if p.node_name is not None])
         if self._seen is not None:
             for p in w.pods:
                 if p.key not in self._seen and not p.is_daemonset and p.request.gpu_demand_milli > 0:
@@ -131,16 +137,22 @@ class Anticipation:
         now: float,
     ) -> ScaleUpDecision:
         """``plain``, or ``plain`` with the nodes ``replan`` launches for the expected pods over the snapshot ``plain``
-        leaves, when they pay. Only plans that launch nodes are weighed. First, a plan whose pods all fit on the
-        nodes in flight (spare room of extra nodes the planner's placement missed) launches no node for them."""
+        leaves, when they pay. Only plans that launch nodes are weighed. First, pending pods go before the pods of
+        draining nodes (``real_first``), and a plan whose pods all fit on the nodes in flight launches no node for
+        them (``repack_in_flight``): the spare room of extra nodes in flight that the planner's placement missed."""
         if not plain.launches:
             return plain
+        leaving = {p.key for p in snapshot.pods if p.node_name is None and p.key in self._bound}
+        again = real_first(snapshot, plain, leaving, replan, catalog)
+        if again is not plain:
+            self.stats.reordered += 1
+            plain = again
         packed = repack_in_flight(snapshot, plain)
         if packed is not plain:
             self.stats.repacked += 1
             plain = packed
-            if not plain.launches:
-                return plain
+        if not plain.launches:
+            return plain
         expected = expected_pods(self.times, self.pods, self.first_seen, now, self.spec)
         if not expected:
             return plain

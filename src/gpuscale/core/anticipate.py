@@ -27,12 +27,15 @@ pending pod that fits in the spare room of another launched in the same round is
 Extra nodes in flight leave spare room the planner's one-pod-at-a-time placement can miss (it puts a pod on the
 node that suits it best, and a later pod then fits on none, where another assignment fits them all):
 :func:`repack_in_flight` looks for such an assignment of the pods the plain plan puts on nodes in flight or launches
-nodes for, by a small bounded search, and when every one of them fits drops the launches for them.
+nodes for, by a small bounded search, and when every one of them fits drops the launches for them. And extra nodes
+in flight were launched for no pod, so the planner may give their room to the pods of a draining node (shown to it
+as pending) and launch a node for a pending pod: :func:`real_first` plans the pending pods first, then the draining
+node's pods over what that leaves, when that costs no more.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 from gpuscale.core.headroom import HeadroomSpec, forecast
@@ -298,3 +301,40 @@ def _assign(state: ClusterState, reqs: Sequence[Request], allowed: Sequence[Sequ
     for req, pl in zip(reversed(reqs[: len(taken)]), reversed(taken), strict=True):
         state.release(req, pl)
     return rows if ok else None
+
+
+def real_first(
+    snapshot: Snapshot,
+    plain: ScaleUpDecision,
+    leaving: Collection[str],
+    replan: Callable[[Snapshot], ScaleUpDecision],
+    catalog: Catalog,
+) -> ScaleUpDecision:
+    """When ``plain`` launches a node for a pending pod while it places a pod of a draining node (``leaving``: their
+    keys, shown pending in ``snapshot``) on a node in flight, the plan of the pending pods alone, then of the draining
+    nodes' pods over what it leaves (:func:`after_plan`), if its nodes cost no more per hour than ``plain``'s; else
+    ``plain``. Room in flight goes to pods that wait, before pods that still run."""
+    if not leaving:
+        return plain
+    launching = {n.name for n in snapshot.nodes if n.launching}
+    if not any(k not in leaving for o in plain.launches for k in o.pods):
+        return plain
+    if not any(k in leaving and v in launching for k, v in plain.placed.items()):
+        return plain
+    without = replace(snapshot, pods=tuple(p for p in snapshot.pods if p.key not in leaving))
+    first = replan(without)
+    moved = [p for p in snapshot.pods if p.key in leaving]
+    then = replan(after_plan(without, first, moved))
+    shift = 1 + max((o.group for o in first.launches), default=-1)
+    both = ScaleUpDecision(
+        first.launches + tuple(replace(o, group=shift + o.group) for o in then.launches),
+        {**first.placed, **then.placed},
+        first.blocked + then.blocked,
+        plain.attempt,
+        plain.may_replan,
+    )
+
+    def hourly(d: ScaleUpDecision) -> float:
+        return sum(order_price(o, catalog)[0] for o in d.launches)
+
+    return both if hourly(both) <= hourly(plain) + 1e-9 else plain
