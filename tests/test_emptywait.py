@@ -8,11 +8,23 @@ import math
 
 import pytest
 
-from builders import pod, taint
+from builders import node, pod, taint
 from gpuscale.controller.config import ControllerConfig
 from gpuscale.controller.emptykeep import EmptyWaits
+from gpuscale.controller.shell import World
 from gpuscale.core import labels as L
-from gpuscale.core.emptywait import DAY_S, EmptyWait, EmptyWaitSpec, Shape, empty_wait, fits, pod_saving
+from gpuscale.core.emptywait import (
+    DAY_S,
+    LEARN_MEMORY_S,
+    EmptyWait,
+    EmptyWaitSpec,
+    Outcomes,
+    Shape,
+    empty_wait,
+    fits,
+    landing_rate,
+    pod_saving,
+)
 from gpuscale.core.model import Disruption, NodePool, Pod
 from gpuscale.core.resources import Resources
 from gpuscale.errors import InputError
@@ -132,6 +144,82 @@ def test_margin_asks_for_more_saving_than_the_price() -> None:
     assert empty_wait(times, pods, 0.0, 3600.0, ONE, spec).wait_s is None
 
 
+# ------------------------------------------------------------------------------------------------ learning
+@pytest.mark.parametrize(
+    ("prior", "outcomes", "rate"),
+    [
+        (10.0, Outcomes(), 10.0),  # nothing seen: the arrivals' rate
+        (10.0, Outcomes(kept_h=1.0, landings=2.0), 4.0 / 1.2),  # (2 + 2) / (2/10 + 1)
+        (10.0, Outcomes(kept_h=100.0, landings=300.0), 302.0 / 100.2),  # much seen: the landings per hour kept
+        (2.0, Outcomes(kept_h=10.0, landings=60.0), 62.0 / 11.0),  # more landings than arrivals said: raised too
+        (0.0, Outcomes(kept_h=10.0, landings=60.0), 0.0),  # nothing that fits arrives
+    ],
+)
+def test_the_landing_rate_moves_from_the_arrivals_to_what_keeping_did(
+    prior: float, outcomes: Outcomes, rate: float
+) -> None:
+    assert landing_rate(prior, outcomes) == pytest.approx(rate)
+
+
+def test_outcomes_add_up_and_fade() -> None:
+    o = Outcomes().add(1800.0, False).add(1800.0, True)
+    assert o == Outcomes(kept_h=1.0, landings=1.0)
+    assert o.decayed(0.0) is o
+    assert o.decayed(LEARN_MEMORY_S) == pytest.approx(Outcomes(kept_h=math.exp(-1), landings=math.exp(-1)))
+
+
+def test_a_shape_whose_kept_nodes_wait_long_for_a_pod_is_no_longer_kept() -> None:
+    # twenty 1-GPU pods in the hour ($0.0633 each: $1.27/h against $0.60/h): kept on the arrivals alone
+    times, pods = arrivals(*[(100.0 * k + 50, pod(f"p{k}", gpus=1)) for k in range(20)])
+    spec = EmptyWaitSpec(max_wait_s=1800.0, window_s=3600.0, cold_start_s=380.0, learn=True)
+    assert empty_wait(times, pods, 0.0, 3600.0, ONE, spec, 1, Outcomes()).wait_s == 1800.0
+    # kept nodes of the shape were landed on 4 times in 10 hours: (2 + 4) / (2/20 + 10) = 0.59 pods/h, $0.04/h
+    slow = empty_wait(times, pods, 0.0, 3600.0, ONE, spec, 1, Outcomes(kept_h=10.0, landings=4.0))
+    assert slow.wait_s is None and slow.saving_per_hour == pytest.approx(6 / 10.1 * 380 / 3600 * 0.6)
+    assert "learned: 0.59 pod(s)/h" in slow.reason and "not kept" in slow.reason
+    # ... 150 times in 10 hours: kept, looked at again when the first arrival leaves the window
+    fast = empty_wait(times, pods, 0.0, 3600.0, ONE, spec, 1, Outcomes(kept_h=10.0, landings=150.0))
+    assert fast.wait_s == 1800.0 and fast.until == pytest.approx(3650.0)
+    # without learn the outcomes are not read
+    off = EmptyWaitSpec(max_wait_s=1800.0, window_s=3600.0, cold_start_s=380.0)
+    assert empty_wait(times, pods, 0.0, 3600.0, ONE, off, 1, Outcomes(kept_h=10.0, landings=4.0)).wait_s == 1800.0
+
+
+def test_learning_reads_the_landings_per_node_so_the_rank_is_in_the_prior_only() -> None:
+    times, pods = arrivals(*[(100.0 * k + 50, pod(f"p{k}", gpus=1)) for k in range(20)])
+    spec = EmptyWaitSpec(max_wait_s=1800.0, window_s=3600.0, cold_start_s=380.0, learn=True)
+    # the third empty node: $1.27/h does not pay three times $0.60/h, and with nothing seen the rule says the same
+    assert empty_wait(times, pods, 0.0, 3600.0, ONE, spec, 3, Outcomes()).wait_s is None
+    # but kept nodes of the shape were landed on 12 times an hour: each pays its own price
+    busy = Outcomes(kept_h=10.0, landings=120.0)
+    assert empty_wait(times, pods, 0.0, 3600.0, ONE, spec, 3, busy).wait_s == 1800.0
+
+
+def test_the_controller_counts_hours_kept_and_landings_per_shape() -> None:
+    ew = EmptyWaits(EmptyWaitSpec(learn=True), 0.0)
+    kept = EmptyWait(1800.0, 1.0, math.inf, "kept")
+
+    def world(now: float, nodes: dict[str, list[Pod]]) -> World:
+        pods = [p for ps in nodes.values() for p in ps]
+        return World(now, pods, {n: node(n, 8000, 32768, 1) for n in nodes}, [], [], [], {})
+
+    w = world(0.0, {})
+    ew._learn(w, w.by_node())  # the first step: nothing to add
+    ew.decisions = {"a": kept, "b": kept, "c": EmptyWait(None, 0.0, math.inf, "no")}
+    ew._kinds = {"a": ("gpu", "g1"), "b": ("gpu", "g1"), "c": ("gpu", "g1")}
+    # 30 minutes on: a pod is on a, b is still empty, c was not kept (and is gone)
+    w = world(1800.0, {"a": [pod("x", gpus=1, node="a")], "b": []})
+    ew._learn(w, w.by_node())
+    o = ew.outcomes[("gpu", "g1")]
+    assert o.kept_h == pytest.approx(1.0) and o.landings == 1.0 and ew.stats.landed == 1
+    # b deleted 30 minutes later: half an hour more, no landing; the older outcomes fade
+    ew.decisions = {"b": kept}
+    w = world(3600.0, {})
+    ew._learn(w, w.by_node())
+    f = math.exp(-1800.0 / LEARN_MEMORY_S)
+    assert ew.outcomes[("gpu", "g1")] == pytest.approx(Outcomes(kept_h=f + 0.5, landings=f))
+
+
 # ------------------------------------------------------------------------------------------------ settings
 def test_empty_wait_parses_and_is_off_by_default() -> None:
     assert ControllerConfig.from_policy({}).empty_wait is None
@@ -141,6 +229,7 @@ def test_empty_wait_parses_and_is_off_by_default() -> None:
         {"emptyWait": {"maxWait": "20m", "window": "2h", "coldStart": 180, "waitCostPerGpuHour": 1.5, "days": 7}}
     )
     assert cfg.empty_wait == EmptyWaitSpec(1200.0, 7200.0, 180.0, 1.5, 7)
+    assert ControllerConfig.from_policy({"emptyWait": {"learn": True}}).empty_wait == EmptyWaitSpec(learn=True)
     assert _config({"emptyWait": True}).empty_wait is None  # the baselines ignore it
 
 
@@ -154,6 +243,7 @@ def test_empty_wait_parses_and_is_off_by_default() -> None:
         ({"waitCostPerGpuHour": -1}, "policy.emptyWait.waitCostPerGpuHour", "number"),
         ({"days": 1.5}, "policy.emptyWait.days", "integer"),
         ({"margin": 0}, "policy.emptyWait.margin", "number"),
+        ({"learn": "yes"}, "policy.emptyWait.learn", "true or false"),
     ],
 )
 def test_bad_empty_wait_settings_are_one_line_errors(value: object, where: str, words: str) -> None:

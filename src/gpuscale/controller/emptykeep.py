@@ -3,20 +3,24 @@ pods it sees arrive, decides each empty node's wait every consolidation step, an
 node's pool with that wait as its ``consolidateEmptyAfter`` (never shorter than the pool's own), so the gate's
 clocks, skips and wake-up times apply to it unchanged.
 
-The arrival history lives in memory: after a restart it starts again from nothing (empty nodes then wait the pool's
-own wait until arrivals are seen again).
+With ``learn`` it also records what keeping did, per pool and instance type (:class:`gpuscale.core.emptywait.Outcomes`):
+every step, each node kept at the last step adds the time since to its shape's hours kept, and a landing if a pod
+is now on it.
+
+The arrival history and the outcomes live in memory: after a restart they start again from nothing (empty nodes then
+wait the pool's own wait until arrivals are seen again).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuscale.controller.claims import ClaimTable
 from gpuscale.controller.shell import World
-from gpuscale.core.emptywait import EmptyWait, EmptyWaitSpec, Shape, empty_wait
+from gpuscale.core.emptywait import EmptyWait, EmptyWaitSpec, Outcomes, Shape, empty_wait
 from gpuscale.core.model import NodePool, Pod
 from gpuscale.core.nodeclaim import ClaimPhase
 
@@ -29,6 +33,8 @@ class EmptyWaitStats:
     """Empty nodes kept for ``maxWait`` (counted when the decision turns to keep)."""
     released: int = 0
     """Empty nodes left to the pool's own wait (counted when a node is first seen empty, or turns so)."""
+    landed: int = 0
+    """Kept empty nodes a pod landed on (with ``learn``)."""
 
 
 class EmptyWaits:
@@ -46,6 +52,10 @@ class EmptyWaits:
         """When a decision would change with time alone."""
         self.stats = EmptyWaitStats()
         self._pools: dict[tuple[str, float], NodePool] = {}
+        self.outcomes: dict[tuple[str, str], Outcomes] = {}
+        """(pool, instance type) -> what keeping its empty nodes did (with ``learn``)."""
+        self._kinds: dict[str, tuple[str, str]] = {}
+        self._last_at: float | None = None
 
     def observe(self, w: World) -> None:
         """Record the pods first seen this round (not daemon pods); drop arrivals older than the history needs."""
@@ -67,6 +77,8 @@ class EmptyWaits:
     def decide(self, w: World, claims: ClaimTable) -> Mapping[str, EmptyWait]:
         """Each empty initialised node's decision this round."""
         by_node = w.by_node()
+        if self.spec.learn:
+            self._learn(w, by_node)
         out: dict[str, EmptyWait] = {}
         look = math.inf
         empty: list[tuple[tuple[str, str], float, str, Shape]] = []
@@ -82,8 +94,16 @@ class EmptyWaits:
         ranks: dict[tuple[str, str], int] = {}
         for kind, _, name, shape in sorted(empty, key=lambda e: (e[0], e[1], e[2])):
             rank = ranks[kind] = ranks.get(kind, 0) + 1
+            self._kinds[name] = kind
             d = empty_wait(
-                self.times, self.pods, self.first_seen, w.now, shape, self.spec, rank if self.spec.share_arrivals else 1
+                self.times,
+                self.pods,
+                self.first_seen,
+                w.now,
+                shape,
+                self.spec,
+                rank if self.spec.share_arrivals else 1,
+                self.outcomes.get(kind, Outcomes()),
             )
             before = self.decisions.get(name)
             if d.wait_s is not None and (before is None or before.wait_s is None):
@@ -95,6 +115,25 @@ class EmptyWaits:
         self.decisions = out
         self.look_at = look
         return out
+
+    def _learn(self, w: World, by_node: Mapping[str, Sequence[Pod]]) -> None:
+        """Add the outcomes of the nodes kept at the last step: the time since, and a landing if a pod is on one."""
+        now, last = w.now, self._last_at
+        self._last_at = now
+        if last is None:
+            return
+        dt = now - last
+        if dt > 0.0:
+            self.outcomes = {k: o.decayed(dt) for k, o in self.outcomes.items()}
+        for name, d in self.decisions.items():
+            kind = self._kinds.get(name)
+            if d.wait_s is None or kind is None:
+                continue
+            landed = name in w.nodes and any(not p.is_daemonset for p in by_node.get(name, ()))
+            self.stats.landed += landed
+            self.outcomes[kind] = self.outcomes.get(kind, Outcomes()).add(max(0.0, dt), landed)
+        live = set(self.decisions)
+        self._kinds = {n: k for n, k in self._kinds.items() if n in live}
 
     def kept(self) -> Iterable[tuple[str, EmptyWait]]:
         """The empty nodes kept this round, with their decision."""

@@ -7,7 +7,7 @@
   optional ``lead``, ``quantile``, ``days``, ``minDays``, ``recentWindows``, ``instanceType``,
   ``waitCostPerGpuHour``, ``coldStart``, ``launch`` (false: only keep empty nodes warm).
 * ``emptyWait: {maxWait: 30m, window: 1h, coldStart: 200s, waitCostPerGpuHour: 1, days: 0, margin: 1,
-  shareArrivals: true}`` (every key optional; ``true``: all defaults; ``false``/``null``: off):
+  shareArrivals: true, learn: false}`` (every key optional; ``true``: all defaults; ``false``/``null``: off):
   :mod:`gpuscale.core.emptywait`.
 """
 
@@ -105,7 +105,16 @@ def headroom(value: object, where: str) -> dict[str, HeadroomSpec]:
     return {str(pool): headroom_spec(spec, f"{where}.{pool}") for pool, spec in value.items()}
 
 
-EMPTY_WAIT_KEYS = ("maxWait", "window", "coldStart", "waitCostPerGpuHour", "days", "margin", "shareArrivals")
+EMPTY_WAIT_KEYS = (
+    "maxWait",
+    "window",
+    "coldStart",
+    "waitCostPerGpuHour",
+    "days",
+    "margin",
+    "shareArrivals",
+    "learn",
+)
 
 
 def empty_wait(value: object, where: str) -> EmptyWaitSpec | None:
@@ -135,13 +144,11 @@ def empty_wait(value: object, where: str) -> EmptyWaitSpec | None:
         kw["days"] = _count(value["days"], f"{where}.days", hi=366)
     if "margin" in value:
         kw["margin"] = _number(value["margin"], f"{where}.margin", lo=0.01, hi=1000.0, fix="e.g. 1")
-    if "shareArrivals" in value:
-        if not isinstance(value["shareArrivals"], bool):
-            raise InputError(
-                "must be true or false",
-                where=f"{where}.shareArrivals",
-                value=value["shareArrivals"],
-                fix="write true or false",
-            )
-        kw["share_arrivals"] = value["shareArrivals"]
+    for key, attr in (("shareArrivals", "share_arrivals"), ("learn", "learn")):
+        if key in value:
+            if not isinstance(value[key], bool):
+                raise InputError(
+                    "must be true or false", where=f"{where}.{key}", value=value[key], fix="write true or false"
+                )
+            kw[attr] = value[key]
     return EmptyWaitSpec(**kw)

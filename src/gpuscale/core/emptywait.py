@@ -11,6 +11,13 @@ empty wait. Expensive shapes that few arriving pods fit go at once; cheap shapes
 Empty nodes of one shape share its arrivals (``share_arrivals``): the k-th cheapest is kept only if the saving
 pays k times its price.
 
+With ``learn`` the rule also learns from what keeping did (:class:`Outcomes`, per pool and instance type): how many
+kept empty nodes a pod landed on, over how many hours of keeping. The arrivals say how many pods could land; the
+outcomes say how many did. The rate a kept node is landed on is the mean of a Gamma posterior
+(:func:`landing_rate`): the arrival rate (divided by the node's rank) as a prior worth ``LEARN_PRIOR_LANDINGS``
+landings, updated by the landings seen and the hours kept; the saving is that rate times the mean saving of a fitting
+arrival. Shapes whose kept nodes wait long for a pod are then kept less; with no outcome yet the rule is as without.
+
 Pure: arrivals are ``(time, Pod)`` pairs the caller records; the node is described by :class:`Shape`.
 """
 
@@ -26,6 +33,11 @@ from gpuscale.core.predicates import static_failure
 from gpuscale.core.resources import MILLI_PER_GPU, Resources
 
 DAY_S = 86400.0
+LEARN_PRIOR_LANDINGS = 2.0
+"""How many landings the arrival rate counts for in :func:`landing_rate` (a weak prior: a few hours of keeping
+outweigh it)."""
+LEARN_MEMORY_S = DAY_S
+"""Outcomes fade with this time constant (:meth:`Outcomes.decayed`): the rule follows a workload that changes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +59,8 @@ class EmptyWaitSpec:
     share_arrivals: bool = True
     """Empty nodes of one shape share its arrivals: the k-th cheapest is kept only if they pay k times its price
     (the pods reach it only after the k - 1 before it are taken)."""
+    learn: bool = False
+    """Learn the rate pods land on kept nodes from the outcomes of keeping (:func:`landing_rate`)."""
 
     @property
     def history_s(self) -> float:
@@ -76,6 +90,36 @@ class EmptyWait:
     until: float
     """When the decision would change with time alone (no new arrival): a time to look again (inf: never)."""
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Outcomes:
+    """What keeping empty nodes of one shape did: hours kept empty and pods landed (both fading, see
+    :meth:`decayed`)."""
+
+    kept_h: float = 0.0
+    landings: float = 0.0
+
+    def decayed(self, dt_s: float) -> Outcomes:
+        """These outcomes ``dt_s`` later (weight ``exp(-dt_s / LEARN_MEMORY_S)``)."""
+        if dt_s <= 0.0:
+            return self
+        f = math.exp(-dt_s / LEARN_MEMORY_S)
+        return Outcomes(self.kept_h * f, self.landings * f)
+
+    def add(self, kept_s: float, landed: bool) -> Outcomes:
+        """With ``kept_s`` more of keeping, ending with a pod landed or not."""
+        return Outcomes(self.kept_h + kept_s / 3600.0, self.landings + (1.0 if landed else 0.0))
+
+
+def landing_rate(prior_per_hour: float, outcomes: Outcomes) -> float:
+    """Pods landing on one kept node per hour: the mean of a Gamma posterior whose prior is ``prior_per_hour`` worth
+    ``LEARN_PRIOR_LANDINGS`` landings, after ``outcomes.landings`` landings in ``outcomes.kept_h`` hours (0 with no
+    prior: nothing arrives that fits)."""
+    if prior_per_hour <= 0.0:
+        return 0.0
+    a = LEARN_PRIOR_LANDINGS
+    return (a + outcomes.landings) / (a / prior_per_hour + outcomes.kept_h)
 
 
 def fits(pod: Pod, shape: Shape) -> bool:
@@ -115,11 +159,12 @@ def empty_wait(
     shape: Shape,
     spec: EmptyWaitSpec,
     rank: int = 1,
+    outcomes: Outcomes | None = None,
 ) -> EmptyWait:
     """The empty wait of a node of ``shape`` (see the module docstring). ``times``/``pods``: the arrivals, sorted by
     time; ``first_seen``: when observation started (past days before it are not counted); ``rank``: the node is the
     ``rank``-th empty node of its shape arriving pods would take (it is kept if the saving pays ``rank`` times its
-    price)."""
+    price); ``outcomes``: what keeping nodes of this shape did (read with ``spec.learn``)."""
     hours = spec.window_s / 3600.0
     recent = _savings(times, pods, now - spec.window_s, now, shape, spec)
     recent_rate = sum(s for _, s in recent) / hours
@@ -139,6 +184,20 @@ def empty_wait(
         f"{len(days)} day(s): ${seasonal_rate:.3f}/h) against ${shape.hourly_price:.3f}/h"
         + (f" x {rank} (empty node {rank} of its shape)" if rank > 1 else "")
     )
+    if spec.learn and outcomes is not None and recent and rate > 0.0:
+        # per node and hour: the arrivals' rate is the prior, the landings seen on kept nodes update it
+        per_pod = recent_rate / (len(recent) / hours)
+        prior = rate / per_pod / max(1, rank)
+        landed = landing_rate(prior, outcomes)
+        learned = landed * per_pod
+        why += (
+            f"; learned: {landed:.2f} pod(s)/h land on a kept node ({outcomes.landings:.1f} in "
+            f"{outcomes.kept_h:.1f} h kept, prior {prior:.2f}/h), saving ${learned:.3f}/h"
+        )
+        rate, price = learned, shape.hourly_price * spec.margin
+        if rate >= price:  # the learned saving falls as arrivals leave the window: look again at the first
+            until = min(_next_arrival_change(now, days, spec), recent[0][0] + spec.window_s)
+            return EmptyWait(spec.max_wait_s, rate, until, f"{why}: kept")
     if rate < price or rate <= 0.0:
         return EmptyWait(None, rate, _next_arrival_change(now, days, spec), f"{why}: not kept")
     # with no new arrival the recent rate falls as its oldest arrivals leave the window; the seasonal one moves on
