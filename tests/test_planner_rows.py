@@ -116,6 +116,9 @@ def test_the_arena_grows_and_gathers_any_rows_in_any_order() -> None:
             2,
         )
         _assert_same(want, got)
+        again = arena.state([f"n{i}" for i in order], [slots[i] for i in order])
+        _assert_same(want, again)  # the models' columns kept for these models: the same values
+        assert again.models is not got.models and not again.model_idx.flags.writeable
 
 
 def test_a_row_is_rebuilt_when_the_gpu_columns_widen() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gpuscale.controller import scaleup
+from gpuscale.controller.shell import LEAVING
 from gpuscale.core.nodeclaim import IN_FLIGHT
 from gpuscale.core.reconcile.scaleup import Gate, gate_scale_up
 from gpuscale.sim.commands import simulate_policy
@@ -103,7 +104,7 @@ def test_demo_run_is_identical_without_the_round_shortcuts(monkeypatch: pytest.M
     kept = scaleup.ScaleUpSteps._in_flight
     reused: list[bool] = []
 
-    def checked(self: Any) -> tuple[set[str], set[str]]:  # the kept answer equals one computed afresh
+    def checked(self: Any) -> tuple[set[str], set[str]]:  # the kept answers equal ones computed afresh
         before = self._in_flight_kept
         got = kept(self)
         pods = {k for _, c in self.claims.in_phases(IN_FLIGHT) for k in c.pods}
@@ -113,6 +114,14 @@ def test_demo_run_is_identical_without_the_round_shortcuts(monkeypatch: pytest.M
         return got
 
     monkeypatch.setattr(scaleup.ScaleUpSteps, "_in_flight", checked)
+    leaving = scaleup.ScaleUpSteps._leaving
+
+    def checked_leaving(self: Any) -> frozenset[str]:
+        got = leaving(self)
+        assert got == {c.node_name for _, c in self.claims.in_phases(LEAVING) if c.node_name}
+        return got
+
+    monkeypatch.setattr(scaleup.ScaleUpSteps, "_leaving", checked_leaving)
     path = ROOT / "examples" / "demo.yaml"
     fast = _run(path)
     fast_gates = list(gates)

@@ -76,6 +76,8 @@ class ScaleUpSteps(ShellBase):
     """
     _in_flight_kept: tuple[object, int, tuple[set[str], set[str]]] | None = None
     """(claim table, its version, :meth:`_in_flight`'s answer)."""
+    _leaving_kept: tuple[object, int, frozenset[str]] | None = None
+    """(claim table, its version, :meth:`_leaving`'s answer)."""
     _shown: dict[str, tuple[Node, NodeClaim | None, Node]] | None = None
     """Node name -> (listed Node, its claim, the Node the planner is shown) of the last snapshot: the shown Node
     depends on these two alone (both immutable), so it is the same object while they are (the planner's rows of a
@@ -99,7 +101,7 @@ class ScaleUpSteps(ShellBase):
     def _pending(self, w: World) -> tuple[list[Pod], list[Pod]]:
         """(real pending pods, pods of draining nodes shown to the planner as pending)."""
         real = [p for p in w.unbound() if p.phase == "Pending" and not p.is_daemonset]
-        leaving = {c.node_name for _, c in self.claims.in_phases(LEAVING) if c.node_name}
+        leaving = self._leaving()
         if not leaving:
             return real, []
         by_node = w.by_node()
@@ -110,6 +112,16 @@ class ScaleUpSteps(ShellBase):
             if not p.is_daemonset
         ]
         return real, virtual
+
+    def _leaving(self) -> frozenset[str]:
+        """The node names of the claims whose node is leaving; kept while the claim table is unchanged."""
+        claims = self.claims
+        kept = self._leaving_kept
+        if kept is not None and kept[0] is claims and kept[1] == claims.version:
+            return kept[2]
+        names = frozenset([c.node_name for _, c in claims.in_phases(LEAVING) if c.node_name])
+        self._leaving_kept = (claims, claims.version, names)
+        return names
 
     def _in_flight(self) -> tuple[set[str], set[str]]:
         """(pods the claims in flight were launched for, node names of claims in flight); kept while the claim table
@@ -139,7 +151,7 @@ class ScaleUpSteps(ShellBase):
         now = w.now
         st = self.scaleup
         real, virtual = self._pending(w)
-        keys = tuple(p.key for p in real)
+        keys = tuple([p.key for p in real])
         steady = self._steady
         if (
             steady is not None

@@ -337,7 +337,7 @@ class RowArena:
     the state of any list of stored rows is gathered with one indexing per array (a planner builds states again and
     again from mostly the same rows). Rows are only added; a caller drops the arena to forget them."""
 
-    __slots__ = ("_gpus", "_models", "_values", "size", "width")
+    __slots__ = ("_gpus", "_model_columns", "_models", "_values", "size", "width")
 
     def __init__(self, width: int, capacity: int = 64) -> None:
         self.width = width
@@ -346,6 +346,9 @@ class RowArena:
         """One column per row: the row's :data:`RowValues`."""
         self._gpus: IntArray = np.empty((capacity, width), dtype=np.int64)
         self._models: list[str | None] = []
+        self._model_columns: dict[tuple[str | None, ...], tuple[list[str | None], IntArray]] = {}
+        """Per GPU model of each row of a state: the state's sorted models and its (read-only) model index per row
+        (they depend on nothing else; states are gathered again and again from rows of the same models)."""
 
     def add(self, values: RowValues, gpu_row: list[int], model: str | None) -> int:
         """Store a row (``gpu_row``: ``width`` values); its slot."""
@@ -365,11 +368,19 @@ class RowArena:
         new = object.__new__(ClusterState)
         idx = np.fromiter(slots, dtype=np.intp, count=len(slots))
         stored = self._models
-        models = [stored[i] for i in slots]
+        models = tuple([stored[i] for i in slots])
+        columns = self._model_columns.get(models)
+        if columns is None:
+            order = sorted(set(models), key=lambda m: (m is None, m or ""))
+            model_index = {m: i for i, m in enumerate(order)}
+            column = np.fromiter([model_index[m] for m in models], dtype=np.int64, count=len(models))
+            column.flags.writeable = False  # shared by the states of these models
+            if len(self._model_columns) >= 256:
+                self._model_columns.clear()
+            columns = self._model_columns[models] = (order, column)
         new.names = names
-        new.models = sorted(set(models), key=lambda m: (m is None, m or ""))
-        model_index = {m: i for i, m in enumerate(new.models)}
-        new.model_idx = np.fromiter([model_index[m] for m in models], dtype=np.int64, count=len(models))
+        new.models = list(columns[0])
+        new.model_idx = columns[1]
         new._set_columns(np.take(self._values, idx, axis=1))  # one fresh C-ordered (9, rows) array: a row each
         new.gpu_free = self._gpus[idx]
         return new

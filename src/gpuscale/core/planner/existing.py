@@ -27,10 +27,11 @@ _Row = tuple[Node, int, list[Pod]]
 
 _ROWS: dict[int, tuple[RowArena, dict[str, _Row]]] = {}
 """Per GPU width, the rows the plans of that width built, in a :class:`~gpuscale.core.state.RowArena`, and per node
-name the last one: (node, its slot, the pods bound to it in key order). A row depends on nothing else (the node's
-allocatable and GPU model, the pods' requests, the width), so it is reused while the node is the same object and its
-pods are equal (a controller plans again and again with most nodes and their pods the same objects); a node whose
-row differs gets a new slot. Everything is forgotten once ``_ROWS_SIZE`` rows are stored."""
+name the last one: (node, its slot, the pods bound to it in the snapshot's order; they are accounted in key order).
+A row depends on nothing else (the node's allocatable and GPU model, the pods' requests, the width), so it is reused
+while the node is the same object and its pods are equal in the same order (a controller plans again and again with
+most nodes and their pods the same objects, listed in the same order; pods listed in another order only cost a new
+row); a node whose row differs gets a new slot. Everything is forgotten once ``_ROWS_SIZE`` rows are stored."""
 _ROWS_SIZE = 8192
 _ROWS_LOCK = threading.Lock()
 
@@ -86,16 +87,14 @@ class ExistingNodes:
             elif p.gang and p.node_name is None and p.phase == "Pending":
                 gangs = True
         width = max([*(n.allocatable.gpus for n in nodes), 1])
-        for pods in bound:
-            if len(pods) > 1:
-                pods.sort(key=_KEY)  # pods bound to a node are accounted in key order
         slots: list[int] = []
         with _ROWS_LOCK:  # planners in other threads share the table: a slot is taken by one row only
             arena, rows = _rows_table(width)
             for n, pods in zip(nodes, bound, strict=True):
                 row = rows.get(n.name)
                 if row is None or row[0] is not n or row[2] != pods:
-                    v, gpus = occupied_row(n.allocatable, width, [p.request for p in pods])
+                    ordered = sorted(pods, key=_KEY) if len(pods) > 1 else pods  # accounted in key order
+                    v, gpus = occupied_row(n.allocatable, width, [p.request for p in ordered])
                     row = rows[n.name] = (n, arena.add(v, gpus, n.gpu_model), pods)
                 slots.append(row[1])
             state = arena.state(list(self.names), slots)  # == ClusterState.occupied(...) of these rows
