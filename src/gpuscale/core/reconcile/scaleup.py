@@ -330,7 +330,7 @@ def effective_pools(
     """The pools as a plan sees them: a spot-only pool whose spot fallback is active (``fallback``) may also buy
     on-demand; a backed-off pool may not grow past the nodes it has (counted in ``nodes``)."""
     counts: dict[str, int] = {}
-    for n in nodes:
+    for n in nodes if backed_off else ():  # read only for a pool backed off
         if n.pool is not None:
             counts[n.pool] = counts.get(n.pool, 0) + 1
     out: list[NodePool] = []
