@@ -75,8 +75,8 @@ def pod_moves(before: Mapping[str, Sequence[Pod]], after: Mapping[str, Sequence[
             moved.add(name)
             if not old_keys <= new_keys:
                 left.add(name)
-    for name, old in before.items():
-        if old and name not in after:  # every pod left the node
+    for name in before.keys() - after.keys():
+        if before[name]:  # every pod left the node
             moved.add(name)
             left.add(name)
     return left, moved
@@ -167,6 +167,8 @@ class ConsolidationGate:
         """The names of ``_nodes_seen`` (made again when the node objects change)."""
         self._seen: tuple[frozenset[str], Mapping[str, str], frozenset[str]] = (frozenset(), {}, frozenset())
         """The last round's node names, pending pods planned onto nodes (pod -> node) and unplanned pending pods."""
+        self._names_with_flying: tuple[object, object, frozenset[str]] = (None, None, frozenset())
+        """(node names, claims in flight, their union) as last made (the same two objects: the same union)."""
         self.last_pass_at = -math.inf
         self.skipped = False
         """Some candidate was due but the pass rate held it back (wake up when the interval ends)."""
@@ -198,10 +200,12 @@ class ConsolidationGate:
         time or its pool's next budget window edge, whichever comes first): every time the gate's answer could
         change without the cluster changing."""
         times: list[float] = list(self.timed.values())
-        for name, t in self.since.items():
-            pool = pool_of(name)
-            if pool is not None:
-                times.append(t + pool.disruption.wait_s(self.classes.get(name) is DisruptionReason.EMPTY))
+        if self.since:
+            known, empty = self.classes, DisruptionReason.EMPTY
+            for name, t in self.since.items():
+                pool = pool_of(name)
+                if pool is not None:
+                    times.append(t + pool.disruption.wait_s(known.get(name) is empty))
         if self.skipped:
             times.append(self.last_pass_at + self.config.disruption_interval_s)
         return times
@@ -256,7 +260,15 @@ class ConsolidationGate:
         changed = not same_disrupting or unavailable_now != prev_unavailable
         changed = changed or (has_pdbs and bool(pods_moved))
         prev_names, prev_planned, prev_pending = self._seen
-        names = self._node_names | flying if flying else self._node_names
+        names = self._node_names
+        if flying:  # (the union is kept while the node names and the claims in flight are the same objects)
+            made = self._names_with_flying
+            if made[0] is names and made[1] is flying:
+                names = made[2]
+            else:
+                union = names | flying
+                self._names_with_flying = (names, flying, union)
+                names = union
         if planned:  # only a pending pod holds room on the node it is planned onto (as the pass sees it)
             waiting = {p.key for p in pods if p.pending}
             planned = {k: v for k, v in planned.items() if k in waiting}
@@ -268,7 +280,7 @@ class ConsolidationGate:
             pending = pending - planned.keys()
         self._seen = (names, planned, pending)
         # a node joining raises percentage budgets and minNodes headroom: every resting node is looked at again
-        changed = changed or not names <= prev_names or pending != prev_pending
+        changed = changed or (names is not prev_names and not names <= prev_names) or pending != prev_pending
         if planned != prev_planned:  # a planned pod that left its node (or moved) frees room there
             get = planned.get
             left_some = left_some | {n for k, n in prev_planned.items() if get(k) != n}
@@ -276,7 +288,9 @@ class ConsolidationGate:
         # resting node is looked at again. The pass packs pods best-fit over all nodes, so room on a node none of a
         # resting node's pods fit can still change its outcome (seen on the openb replay): no finer test is sound.
         changed = changed or bool(left_some) or bool(room_grew)
-        touched = pods_moved | room_grew | (prev_room.keys() - room.keys())
+        touched = pods_moved | room_grew
+        if room is not prev_room:  # nodes gone or cordoned (none when the very same nodes are seen again)
+            touched |= prev_room.keys() - room.keys()
         self._room = (by_node, room, prev_disrupting if same_disrupting else frozenset(disrupting), unavailable_now)
         if self._started:
             if self.timed and not self._started <= disrupting:  # a disruption the resting pass counted has ended

@@ -50,5 +50,8 @@ class Deletions:
 
     def wake_times(self) -> list[float]:
         """When a deletion is due again, a drain's or an orphan's grace period ends."""
-        orphans = (t + self.orphan_grace_s for t in self.orphan_since.values())
-        return [*self.retry_at.values(), *self.drain_deadline.values(), *orphans]
+        times = [*self.retry_at.values(), *self.drain_deadline.values()]
+        if self.orphan_since:
+            grace = self.orphan_grace_s
+            times += [t + grace for t in self.orphan_since.values()]
+        return times

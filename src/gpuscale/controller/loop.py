@@ -224,17 +224,22 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
     def _timed_deadlines(self) -> list[float]:
         """The deadlines of the claims in a timed phase (:func:`~gpuscale.core.nodeclaim.deadline`), in table
         order; kept until the claim table changes (its ``version``)."""
+        return self._deadlines_kept()[2]
+
+    def _deadlines_kept(self) -> tuple[object, int, list[float], list[float]]:
+        """(claim table, its version, :meth:`_timed_deadlines`, each just after its deadline: the wake-up times),
+        made again when the table changes."""
         claims = self.claims
         kept = self.observed.deadlines
         if kept is not None and kept[0] is claims and kept[1] == claims.version:
-            return kept[2]
+            return kept
         found = [t for _, c in claims.in_phases(TIMED_PHASES) if (t := deadline(c)) is not None]
-        self.observed.deadlines = (claims, claims.version, found)
-        return found
+        kept = self.observed.deadlines = (claims, claims.version, found, [t + 1e-6 for t in found])
+        return kept
 
     def _timer_candidates(self) -> list[float]:
         times = self.scaleup.wake_times(self.availability)
-        times += [t + 1e-6 for t in self._timed_deadlines()]
+        times += self._deadlines_kept()[3]
         for key in self.observed.unlisted:
             unlisted = self.claims.get(key)
             if unlisted is not None and unlisted.phase is ClaimPhase.LAUNCHED:
@@ -242,7 +247,8 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
         times += self.launcher.wake_times()
         times += self.deletions.wake_times()
         times += self.gate.wake_times(self._pool_of_node)
-        times += self._gpr_wake_times()
+        if self.gpr.enabled:  # (no GPR news otherwise)
+            times += self._gpr_wake_times()
         return times
 
     # --------------------------------------------------------------------------------------------- observing

@@ -80,7 +80,8 @@ class ScaleUpState:
     def wake_times(self, availability: Availability) -> list[float]:
         """When the open batch closes and, while pods are pending, when an offering mark, back-off or fallback
         ends (a plan may then launch what it could not)."""
-        return scale_up_wake_times(self.batch.wake_time(), bool(self.batch.seen), availability.expiries())
+        pending = bool(self.batch.seen)
+        return scale_up_wake_times(self.batch.wake_time(), pending, availability.expiries() if pending else ())
 
     def compare(
         self,
@@ -134,8 +135,9 @@ class Observation:
         """Candidate wake-up times, computed on demand after each round (None: not yet)."""
         self.wake_next: float | None = None
         """The earliest of ``wake_times`` after the time it was last asked at (valid while ``wake_times`` is)."""
-        self.deadlines: tuple[object, int, list[float]] | None = None
-        """(claim table, its version, the deadlines of its claims in a timed phase) as last computed."""
+        self.deadlines: tuple[object, int, list[float], list[float]] | None = None
+        """(claim table, its version, the deadlines of its claims in a timed phase, each plus 1 µs) as last
+        computed."""
 
     def live_pods(self, listed: Sequence[Pod], phases: Collection[str]) -> tuple[list[Pod], World | None]:
         """The pods of ``listed`` in one of ``phases``, and the last world built on the same list (None if the list
