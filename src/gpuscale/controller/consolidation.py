@@ -445,26 +445,33 @@ class ConsolidationGate:
         ):  # the same candidates, each with a reason kept from the last look and none touched: the same answer
             return self._classified[1]
         pools = self.pools
-        if not measured and self._classified is not None and len(known) == len(candidates):
+        if not measured and self._classified is not None:
+            # only the touched candidates and those without a kept reason (new ones) are looked at; the reasons of
+            # nodes no longer candidates are dropped: the same map as the loop below makes
             prev_candidates, prev_out = self._classified
-            if candidates == prev_candidates:  # the same candidates, all known: only the touched ones change
-                known = dict(known)
-                changed = dict(prev_out)
-                for name in touched & candidates:
-                    n = nodes.get(name)
-                    pool = pools.get(n.pool or "") if n is not None else None
-                    if n is None or pool is None or n.unschedulable or n.launching:
-                        del known[name]  # (as below: no reason kept, looked at again next time)
-                        changed.pop(name, None)
-                        continue
-                    why = known[name] = classify_node(n, pool, by_node.get(name, []), utilization)
-                    if why is None:
-                        changed.pop(name, None)
-                    else:
-                        changed[name] = why
-                self.classes = known
-                self._classified = (prev_candidates, changed)
-                return changed
+            same = len(known) == len(candidates) and candidates == prev_candidates
+            redo = touched & candidates if same else (touched & candidates) | (candidates - known.keys())
+            known = dict(known)
+            changed = dict(prev_out)
+            if not same:
+                for name in prev_candidates - candidates:
+                    known.pop(name, None)
+                    changed.pop(name, None)
+            for name in redo:
+                n = nodes.get(name)
+                pool = pools.get(n.pool or "") if n is not None else None
+                if n is None or pool is None or n.unschedulable or n.launching:
+                    known.pop(name, None)  # (as below: no reason kept, looked at again next time)
+                    changed.pop(name, None)
+                    continue
+                why = known[name] = classify_node(n, pool, by_node.get(name, []), utilization)
+                if why is None:
+                    changed.pop(name, None)
+                else:
+                    changed[name] = why
+            self.classes = known
+            self._classified = (prev_candidates if same else frozenset(candidates), changed)
+            return changed
         cache: dict[str, DisruptionReason | None] = {}
         out: dict[str, DisruptionReason] = {}
         for name in candidates:

@@ -1,0 +1,57 @@
+"""The consolidation gate classifies only the candidates whose inputs changed (their pods or their Node: ``touched``)
+or that have no kept reason: after any sequence of rounds its reasons equal a classification of every candidate
+afresh (:func:`~gpuscale.core.disruption.classify_node`)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from builders import node, pod, pool
+from gpuscale.controller.config import ControllerConfig
+from gpuscale.controller.consolidation import ConsolidationGate
+from gpuscale.core.disruption import DisruptionReason, classify_node
+from gpuscale.core.model import Disruption, Node, Pod
+
+NAMES = [f"n{i}" for i in range(6)]
+POOLS = {"gpu": pool("gpu", disruption=Disruption(consolidate_after_s=60.0))}
+
+
+def _afresh(candidates: set[str], nodes: dict[str, Node], by_node: dict[str, list[Pod]]) -> dict[str, DisruptionReason]:
+    out: dict[str, DisruptionReason] = {}
+    for name in candidates:
+        n = nodes.get(name)
+        if n is None or n.pool not in POOLS or n.unschedulable or n.launching:
+            continue
+        why = classify_node(n, POOLS[n.pool], by_node.get(name, []), {})
+        if why is not None:
+            out[name] = why
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_kept_reasons_equal_a_classification_afresh(data: st.DataObject) -> None:
+    gate = ConsolidationGate(POOLS, ControllerConfig())
+    nodes: dict[str, Node] = {}
+    by_node: dict[str, list[Pod]] = {}
+    candidates: set[str] = set()
+    for step in range(data.draw(st.integers(1, 12))):
+        touched: set[str] = set()
+        for name in data.draw(st.lists(st.sampled_from(NAMES), max_size=3, unique=True)):  # these Nodes change
+            if data.draw(st.booleans()):
+                gpus, in_pool = data.draw(st.integers(0, 2)), data.draw(st.sampled_from(["gpu", "other"]))
+                cordoned, launching = data.draw(st.booleans()), data.draw(st.booleans())
+                nodes[name] = node(name, 8000, 32768, gpus, pool=in_pool, unschedulable=cordoned, launching=launching)
+            else:
+                nodes.pop(name, None)
+            touched.add(name)
+        for name in data.draw(st.lists(st.sampled_from(NAMES), max_size=3, unique=True)):  # these nodes' pods change
+            count = data.draw(st.integers(0, 3))
+            by_node[name] = [pod(f"{name}-{step}-{i}", cpu=100 * (1 + i), gpus=i % 2, node=name) for i in range(count)]
+            touched.add(name)
+        if data.draw(st.booleans()):  # (a new candidate set now and then; the same object otherwise)
+            candidates = set(data.draw(st.lists(st.sampled_from(NAMES), unique=True)))
+        got = gate._classify(candidates, nodes, touched, by_node, {})
+        assert got == _afresh(candidates, nodes, by_node)
+        assert {n: w for n, w in gate.classes.items() if w is not None} == got and gate.classes.keys() <= candidates
