@@ -9,6 +9,7 @@ import math
 import pytest
 
 from builders import node, pod, taint
+from gpuscale.controller.claims import ClaimTable
 from gpuscale.controller.config import ControllerConfig
 from gpuscale.controller.emptykeep import EmptyWaits
 from gpuscale.controller.shell import World
@@ -25,7 +26,8 @@ from gpuscale.core.emptywait import (
     landing_rate,
     pod_saving,
 )
-from gpuscale.core.model import Disruption, NodePool, Pod
+from gpuscale.core.model import CapacityType, Disruption, NodePool, Pod
+from gpuscale.core.nodeclaim import ClaimPhase, NodeClaim
 from gpuscale.core.resources import Resources
 from gpuscale.errors import InputError
 from gpuscale.sim.policies import _config
@@ -177,6 +179,8 @@ def test_a_shape_whose_kept_nodes_wait_long_for_a_pod_is_no_longer_kept() -> Non
     slow = empty_wait(times, pods, 0.0, 3600.0, ONE, spec, 1, Outcomes(kept_h=10.0, landings=4.0))
     assert slow.wait_s is None and slow.saving_per_hour == pytest.approx(6 / 10.1 * 380 / 3600 * 0.6)
     assert "learned: 0.59 pod(s)/h" in slow.reason and "not kept" in slow.reason
+    # the learned saving moves either way as arrivals leave: looked at again when the first one does
+    assert slow.until == pytest.approx(3650.0)
     # ... 150 times in 10 hours: kept, looked at again when the first arrival leaves the window
     fast = empty_wait(times, pods, 0.0, 3600.0, ONE, spec, 1, Outcomes(kept_h=10.0, landings=150.0))
     assert fast.wait_s == 1800.0 and fast.until == pytest.approx(3650.0)
@@ -265,3 +269,29 @@ def test_the_gate_sees_a_kept_node_with_its_wait_never_shorter_than_the_pools() 
     longer = ew.pool_for("kept", long)
     assert longer is not None and longer.disruption.wait_s(True) == 3600.0
     assert ew.pool_for("kept", None) is None
+
+
+def test_decisions_read_the_outcomes_of_the_last_tick_and_wake_at_the_next() -> None:
+    """With ``learn``, decisions read the outcomes as they were at the last tick (every quarter window) and look
+    again at the next: a decision changes only with new inputs or at a time the consolidation gate is told of."""
+    spec = EmptyWaitSpec(max_wait_s=1800.0, window_s=3600.0, cold_start_s=380.0, learn=True)
+    ew = EmptyWaits(spec, 0.0)
+    claims = ClaimTable()
+    claims["r1"] = NodeClaim(
+        "r1", "gpu", "g1", "z1", CapacityType.ON_DEMAND, ClaimPhase.INITIALIZED, hourly_price=0.6, node_name="e"
+    )
+    arrived = [pod(f"p{k}", gpus=1) for k in range(20)]
+    ew.times, ew.pods = [100.0 * k + 50 for k in range(20)], arrived
+
+    def step(now: float) -> EmptyWait:
+        w = World(now, list(arrived), {"e": node("e", 8000, 32768, 1, "T4")}, [], [], [], {})
+        return ew.decide(w, claims)["e"]
+
+    first = step(3600.0)
+    assert first.wait_s == 1800.0 and first.until == pytest.approx(3650.0)  # the first arrival leaves then
+    # outcomes learned since (kept 10 hours, 4 landings) are read only from the next tick, at 3600 + 900 s
+    ew.outcomes[("gpu", "g1")] = Outcomes(kept_h=10.0, landings=4.0)
+    assert step(3640.0).wait_s == 1800.0
+    ticked = step(4500.0)
+    assert ticked.wait_s is None and "learned" in ticked.reason
+    assert ticked.until <= 4500.0 + 900.0

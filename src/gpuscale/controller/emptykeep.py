@@ -5,7 +5,9 @@ clocks, skips and wake-up times apply to it unchanged.
 
 With ``learn`` it also records what keeping did, per pool and instance type (:class:`gpuscale.core.emptywait.Outcomes`):
 every step, each node kept at the last step adds the time since to its shape's hours kept, and a landing if a pod
-is now on it.
+is now on it. Decisions read the outcomes as they were at the last *tick* (every quarter ``window``), and the
+controller wakes at each tick: a decision then changes only with new inputs or at a time the consolidation gate is
+told of (its cached decisions stay those of an uncached pass).
 
 The arrival history and the outcomes live in memory: after a restart they start again from nothing (empty nodes then
 wait the pool's own wait until arrivals are seen again).
@@ -54,6 +56,9 @@ class EmptyWaits:
         self._pools: dict[tuple[str, float], NodePool] = {}
         self.outcomes: dict[tuple[str, str], Outcomes] = {}
         """(pool, instance type) -> what keeping its empty nodes did (with ``learn``)."""
+        self._read: dict[tuple[str, str], Outcomes] = {}
+        """The outcomes decisions read: :attr:`outcomes` at the last tick."""
+        self._tick_at: float | None = None
         self._kinds: dict[str, tuple[str, str]] = {}
         self._last_at: float | None = None
 
@@ -79,6 +84,9 @@ class EmptyWaits:
         by_node = w.by_node()
         if self.spec.learn:
             self._learn(w, by_node)
+            if self._tick_at is None or w.now >= self._tick_at:
+                self._read = dict(self.outcomes)
+                self._tick_at = w.now + self.spec.window_s / 4
         out: dict[str, EmptyWait] = {}
         look = math.inf
         empty: list[tuple[tuple[str, str], float, str, Shape]] = []
@@ -103,8 +111,10 @@ class EmptyWaits:
                 shape,
                 self.spec,
                 rank if self.spec.share_arrivals else 1,
-                self.outcomes.get(kind, Outcomes()),
+                self._read.get(kind, Outcomes()),
             )
+            if self._tick_at is not None:
+                d = dataclasses.replace(d, until=min(d.until, self._tick_at))
             before = self.decisions.get(name)
             if d.wait_s is not None and (before is None or before.wait_s is None):
                 self.stats.kept += 1

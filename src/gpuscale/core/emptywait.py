@@ -17,6 +17,8 @@ outcomes say how many did. The rate a kept node is landed on is the mean of a Ga
 (:func:`landing_rate`): the arrival rate (divided by the node's rank) as a prior worth ``LEARN_PRIOR_LANDINGS``
 landings, updated by the landings seen and the hours kept; the saving is that rate times the mean saving of a fitting
 arrival. Shapes whose kept nodes wait long for a pod are then kept less; with no outcome yet the rule is as without.
+The decision then changes with time alone when an arrival leaves the window (``EmptyWait.until``), and when the
+caller moves on to newer outcomes.
 
 Pure: arrivals are ``(time, Pod)`` pairs the caller records; the node is described by :class:`Shape`.
 """
@@ -194,10 +196,10 @@ def empty_wait(
             f"; learned: {landed:.2f} pod(s)/h land on a kept node ({outcomes.landings:.1f} in "
             f"{outcomes.kept_h:.1f} h kept, prior {prior:.2f}/h), saving ${learned:.3f}/h"
         )
-        rate, price = learned, shape.hourly_price * spec.margin
-        if rate >= price:  # the learned saving falls as arrivals leave the window: look again at the first
-            until = min(_next_arrival_change(now, days, spec), recent[0][0] + spec.window_s)
-            return EmptyWait(spec.max_wait_s, rate, until, f"{why}: kept")
+        # the learned saving moves (either way: the mean saving of a pod too) when an arrival leaves the window
+        until = min(_next_arrival_change(now, days, spec), recent[0][0] + spec.window_s)
+        kept = learned >= shape.hourly_price * spec.margin
+        return EmptyWait(spec.max_wait_s if kept else None, learned, until, f"{why}: {'' if kept else 'not '}kept")
     if rate < price or rate <= 0.0:
         return EmptyWait(None, rate, _next_arrival_change(now, days, spec), f"{why}: not kept")
     # with no new arrival the recent rate falls as its oldest arrivals leave the window; the seasonal one moves on
