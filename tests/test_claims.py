@@ -35,8 +35,10 @@ ops = st.lists(
 def test_indexes_match_a_scan_after_any_changes(steps: list[tuple[str, str, ClaimPhase, str]]) -> None:
     table = ClaimTable()
     plain: dict[str, NodeClaim] = {}
+    names = table.watch_names()
     for op, key, phase, node in steps:
         keys_before, keys_version = set(plain), table.keys_version
+        answers_before = {name: table.by_node_name(name) for name in ("n0", "n1", "n2")}
         in_phase_before = {p: [(k, id(c)) for k, c in plain.items() if c.phase is p] for p in PHASES}
         phase_versions = {p: table.phase_version(p) for p in PHASES}
         if op == "set":
@@ -66,6 +68,12 @@ def test_indexes_match_a_scan_after_any_changes(steps: list[tuple[str, str, Clai
             first = next(((k, c) for k, c in plain.items() if c.node_name == name), None)
             assert table.by_node_name(name) == (first if name else None)
             assert table.names_node(name) == (first is not None and bool(name))
+        for name, before in answers_before.items():  # a node's claim changed: its name is reported
+            after = table.by_node_name(name)
+            if (after is None) != (before is None) or (after and before and after[1] is not before[1]):
+                assert name in names
+        assert "" not in names
+        names.clear()
 
 
 def test_changing_through_other_dict_methods_is_refused() -> None:

@@ -36,6 +36,15 @@ class ClaimTable(dict[str, NodeClaim]):
         """(version, phases -> :meth:`in_phases`'s answer at that version)."""
         self.listener: Callable[[str, NodeClaim | None], None] | None = None
         """Told of each change: (key, new claim), or (key, None) when the claim is removed (the change feed)."""
+        self._name_watchers: list[set[str]] = []
+
+    def watch_names(self) -> set[str]:
+        """A set to which the table adds, from now on, the node names of every claim changed (added, replaced by a
+        different object, or removed: the old claim's name and the new one's): the names whose
+        :meth:`by_node_name` answer may have changed. Its owner empties it when it has seen them."""
+        names: set[str] = set()
+        self._name_watchers.append(names)
+        return names
 
     def __setitem__(self, key: str, claim: NodeClaim) -> None:
         old = dict.get(self, key)
@@ -60,6 +69,11 @@ class ClaimTable(dict[str, NodeClaim]):
                 if claim.node_name:
                     self._named.setdefault(claim.node_name, {})[key] = None
         dict.__setitem__(self, key, claim)
+        for names in self._name_watchers:
+            if old is not None and old.node_name:
+                names.add(old.node_name)
+            if claim.node_name:
+                names.add(claim.node_name)
         if self.listener is not None:
             self.listener(key, claim)
 
@@ -78,6 +92,9 @@ class ClaimTable(dict[str, NodeClaim]):
         del self._phase_keys[old.phase][key]
         del self._order[key]
         self._unname(key, old.node_name)
+        if old.node_name:
+            for names in self._name_watchers:
+                names.add(old.node_name)
         if self.listener is not None:
             self.listener(key, None)
 
@@ -96,6 +113,8 @@ class ClaimTable(dict[str, NodeClaim]):
         if self.listener is not None:
             for key in list(self):
                 self.listener(key, None)
+        for names in self._name_watchers:
+            names.update(self._named)
         dict.clear(self)
         self.version += 1
         self.keys_version += 1

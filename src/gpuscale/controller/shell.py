@@ -264,14 +264,23 @@ class ShellBase:
         )
         return template_labels(pool, it, off), pool.taints
 
+    _pool_memo: tuple[ClaimTable, Mapping[str, NodePool], set[str], dict[str, NodePool | None]] | None = None
+
     def _pool_of_node(self, name: str) -> NodePool | None:
-        """The pool of the claim of node ``name`` (asked for every consolidation candidate several times a round:
-        the answers are kept until the claim table or the pools change)."""
-        claims = self.claims
-        memo = self.__dict__.get("_pool_memo")
-        if memo is None or memo[0] != claims.version or memo[1] is not claims or memo[2] is not self.pools:
-            memo = self.__dict__["_pool_memo"] = (claims.version, claims, self.pools, {})
-        known: dict[str, NodePool | None] = memo[3]
+        """The pool of the claim of node ``name`` (asked for every consolidation candidate several times a round).
+        The answers are kept per node name until a claim naming that node changes (the claim table's
+        :meth:`~gpuscale.controller.claims.ClaimTable.watch_names`), and all until the table or the pools are
+        replaced."""
+        memo = self._pool_memo
+        if memo is None or memo[0] is not self.claims or memo[1] is not self.pools:
+            watched = memo[2] if memo is not None and memo[0] is self.claims else self.claims.watch_names()
+            watched.clear()
+            memo = self._pool_memo = (self.claims, self.pools, watched, {})
+        changed, known = memo[2], memo[3]
+        if changed:
+            for gone in changed:
+                known.pop(gone, None)
+            changed.clear()
         if name in known:
             return known[name]
         found = self._claim_by_node_name(name)
