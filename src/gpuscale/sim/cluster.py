@@ -258,8 +258,8 @@ class SimCluster(SchedulePass):
         """A cloud node's kubelet joined: add the Node (GPUs allocatable after ``gpu_delay``; None means never)."""
         if node.node_name in self._nodes:
             return
-        self._templates.pop(node.node_name, None)
-        tpl = self._template(node, itype, taints, hourly_price)
+        # the template made for it in flight, if any (from the same request, type, taints and price: the same)
+        tpl = self._templates.pop(node.node_name, None) or self._template(node, itype, taints, hourly_price)
         sn = SimNode(node.node_name, self._alloc_slot())
         sn.labels = dict(tpl.labels)
         sn.taints = tpl.taints
