@@ -93,6 +93,14 @@ def test_the_same_pod_list_gives_the_same_pods_and_grouping() -> None:
     assert w2.by_node() is w1.by_node() and w2.by_node() == {"n1": [pods[0]]} and w2.unbound() == [pods[1]]
     _, last = obs.live_pods(tuple(pods), live)  # tuple(t) is t: still the same list
     assert last is w1
+    again, last = obs.live_pods(tuple(list(pods)), live)  # a new tuple of the same pods, in the same order
+    assert again is first and last is w1
+    _, last = obs.live_pods((pods[1], pods[0], pods[2]), live)  # another order: grouped again
+    assert last is None
+    obs.live_pods(pods, live)
+    other = (pods[0], Pod("b"), pods[2])  # an equal pod, another object: not recognised
+    changed, last = obs.live_pods(other, live)
+    assert changed is not first and changed == first and last is None
     changed, last = obs.live_pods(pods[:2], live)
     assert changed is not first and changed == first and last is None
     obs.live_pods(list(pods), live)

@@ -254,7 +254,7 @@ class ConsolidationGate:
                         room_grew.add(n.name)
         left_some: set[str] = set()
         pods_moved: set[str] = set()
-        if by_node != prev_by_node:  # (lists of the same pods compare equal at once)
+        if by_node is not prev_by_node and by_node != prev_by_node:  # (lists of the same pods compare equal at once)
             left_some, pods_moved = pod_moves(prev_by_node, by_node)  # nodes a pod left; nodes whose pods changed
         same_disrupting = disrupting == prev_disrupting
         changed = not same_disrupting or unavailable_now != prev_unavailable

@@ -14,6 +14,7 @@ Each decides nothing: the decisions are in :mod:`gpuscale.core.reconcile`.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -141,8 +142,20 @@ class Observation:
 
     def live_pods(self, listed: Sequence[Pod], phases: Collection[str]) -> tuple[list[Pod], World | None]:
         """The pods of ``listed`` in one of ``phases``, and the last world built on the same list (None if the list
-        changed). Only an immutable tuple is recognised again; the lists are shared, never changed."""
-        if self.pods_list is not None and listed is self.pods_list:
+        changed). Only an immutable tuple is recognised again, also a new tuple of the very same pod objects in the
+        same order (a backend that lists again after a change elsewhere: pods are never changed in place, so the
+        live pods and their grouping are the same); the lists are shared, never changed."""
+        last = self.pods_list
+        if last is not None and (
+            listed is last
+            or (
+                isinstance(listed, tuple)
+                and isinstance(last, tuple)
+                and len(listed) == len(last)
+                and all(map(operator.is_, listed, last))
+            )
+        ):
+            self.pods_list = listed
             return self.pods, self.pods_world
         pods = [p for p in listed if p.phase in phases]
         self.pods_list, self.pods, self.pods_world = (listed if isinstance(listed, tuple) else None), pods, None
