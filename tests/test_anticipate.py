@@ -350,3 +350,16 @@ def test_real_first_keeps_the_plain_plan() -> None:
     # made again, v (4 GPUs) needs a 4-GPU node: dearer per hour than the 1-GPU node for r, so the plain plan stays
     big, plain4 = _leaving_case(x_gpus=4, v_gpus=4)
     assert real_first(big, plain4, {"default/v"}, _plan, CAT) is plain4
+
+
+def test_real_first_never_leaves_a_pod_without_room_to_save_money() -> None:
+    """Made again, ``v`` (4 GPUs, of a draining node) needs a 4-GPU node the catalog no longer offers: the plan of
+    ``r`` first launches nothing and blocks ``v``, cheaper per hour than the plain plan, which places both; the plain
+    plan stays."""
+    big, plain4 = _leaving_case(x_gpus=4, v_gpus=4)
+    only_g1 = replace(big, catalog=catalog(itype("g1", 8, 32, 1, "T4", price=0.6)))
+    without = replace(only_g1, pods=tuple(p for p in only_g1.pods if p.key != "default/v"))
+    moved = [p for p in only_g1.pods if p.key == "default/v"]
+    then = _plan(after_plan(without, _plan(without), moved))
+    assert [b.pod for b in then.blocked] == ["default/v"] and not then.launches  # the case the guard is for
+    assert real_first(only_g1, plain4, {"default/v"}, _plan, CAT) is plain4

@@ -312,8 +312,9 @@ def real_first(
 ) -> ScaleUpDecision:
     """When ``plain`` launches a node for a pending pod while it places a pod of a draining node (``leaving``: their
     keys, shown pending in ``snapshot``) on a node in flight, the plan of the pending pods alone, then of the draining
-    nodes' pods over what it leaves (:func:`after_plan`), if its nodes cost no more per hour than ``plain``'s; else
-    ``plain``. Room in flight goes to pods that wait, before pods that still run."""
+    nodes' pods over what it leaves (:func:`after_plan`), if its nodes cost no more per hour than ``plain``'s and it
+    blocks no pod ``plain`` does not; else ``plain``. Room in flight goes to pods that wait, before pods that still
+    run."""
     if not leaving:
         return plain
     launching = {n.name for n in snapshot.nodes if n.launching}
@@ -337,4 +338,6 @@ def real_first(
     def hourly(d: ScaleUpDecision) -> float:
         return sum(order_price(o, catalog)[0] for o in d.launches)
 
+    if {b.pod for b in both.blocked} - {b.pod for b in plain.blocked}:
+        return plain  # cheaper only by leaving a pod without room
     return both if hourly(both) <= hourly(plain) + 1e-9 else plain
