@@ -1,6 +1,7 @@
-"""The consolidation gate classifies only the candidates whose inputs changed (their pods or their Node: ``touched``)
-or that have no kept reason: after any sequence of rounds its reasons equal a classification of every candidate
-afresh (:func:`~gpuscale.core.disruption.classify_node`)."""
+"""The consolidation gate looks only at what changed: it classifies only the candidates whose inputs changed (their
+pods or their Node: ``touched``) or that have no kept reason, so that after any sequence of rounds its reasons equal
+a classification of every candidate afresh (:func:`~gpuscale.core.disruption.classify_node`); and it compares a
+resting node's pods with its rest only when they changed since a round that matched them."""
 
 from __future__ import annotations
 
@@ -55,3 +56,28 @@ def test_kept_reasons_equal_a_classification_afresh(data: st.DataObject) -> None
         got = gate._classify(candidates, nodes, touched, by_node, {})
         assert got == _afresh(candidates, nodes, by_node)
         assert {n: w for n, w in gate.classes.items() if w is not None} == got and gate.classes.keys() <= candidates
+
+
+def test_a_rest_ends_when_its_node_gains_a_pod_after_rounds_that_matched_it() -> None:
+    gate = ConsolidationGate(POOLS, ControllerConfig())
+    nodes = {name: node(name, 8000, 32768, 1, pool="gpu") for name in ("n1", "n2")}
+    candidates = set(nodes)
+    first = pod("a", cpu=100, node="n1")
+
+    def select(by_node: dict[str, list[Pod]], now: float) -> None:
+        gate.select(candidates, set(), nodes, by_node, [], False, {}, frozenset(), now, lambda _: POOLS["gpu"])
+
+    select({"n1": [first]}, 0.0)
+    gate.rest("n1", frozenset({first.key}), 0.0)
+    select({"n1": [first]}, 1.0)  # its pods match its rest
+    select({"n1": [first]}, 2.0)  # (a new dict of the same pods: matched at the last round, unchanged since)
+    assert "n1" in gate.futile
+    select({"n1": [first, pod("b", cpu=100, node="n1")]}, 3.0)  # a pod joins it; nothing leaves, no node joins
+    assert "n1" not in gate.futile
+    on_n2 = {"n1": [first, pod("b", cpu=100, node="n1")], "n2": [pod("c", cpu=100, node="n2")]}
+    gate.rest("n2", frozenset({"default/c"}), 3.0)
+    select(on_n2, 4.0)
+    assert "n2" in gate.futile  # matched
+    gate.rest("n2", frozenset({"default/other"}), 4.0)  # rested again while resting, with other pods: compared afresh
+    select(on_n2, 5.0)
+    assert "n2" not in gate.futile

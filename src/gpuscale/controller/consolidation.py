@@ -153,6 +153,8 @@ class ConsolidationGate:
         """Resting node -> (its pods when it was kept, when to look again anyway)."""
         self.timed: dict[str, float] = {}
         """Resting nodes kept by a disruption budget -> when to look again (a wake-up time: see :meth:`rest`)."""
+        self._rests_matched: frozenset[str] = frozenset()
+        """Resting nodes whose pods matched their rest at the last round (none rested again since)."""
         self._room: tuple[
             Mapping[str, Sequence[Pod]], Mapping[str, Resources], frozenset[str], frozenset[OfferingKey]
         ] = (
@@ -300,11 +302,17 @@ class ConsolidationGate:
             self._started = frozenset()
         if self.futile:
             resting = len(self.futile)
+            # a rest whose pods matched at the last round still does if its node's pods did not change since
+            matched = self._rests_matched
             self.futile = {
                 n: (keys, until)
                 for n, (keys, until) in self.futile.items()
-                if not changed and until > now and n in candidates and keys == on_node(n)
+                if not changed
+                and until > now
+                and n in candidates
+                and ((n in matched and n not in pods_moved) or keys == on_node(n))
             }
+            self._rests_matched = frozenset(self.futile)
             if len(self.futile) < resting:  # a rest ended (its retry time, a budget edge, a change): pass again
                 self._signature = None
             if self.timed:
@@ -368,6 +376,8 @@ class ConsolidationGate:
         if pool is not None:
             until = min(until, budget_edge(pool, now))
         self.futile[node_name] = (pod_keys, until)
+        if node_name in self._rests_matched:  # (a new rest: its pods are compared at the next round)
+            self._rests_matched = self._rests_matched - {node_name}
         if timed:
             self.timed[node_name] = until
         else:
