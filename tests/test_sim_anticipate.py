@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from builders import catalog, itype
+from gpuscale.controller import anticipating
 from gpuscale.controller.options import OptionsController, options_controller
 from gpuscale.core.anticipate import is_anticipated
 from gpuscale.sim.runner import SimResult, run_simulation
@@ -70,3 +73,62 @@ def test_room_for_expected_pods_cuts_their_wait_at_a_small_cost() -> None:
     assert any(r.pods for r, _ in res.cloud._by_request.values())
     assert ctl.gate.mismatches == [] and ctl.scaleup.mismatches == []
     assert not [e for e in res.cluster.events if "anticipated" in e.message]
+
+
+# ------------------------------------------------------------------------------------------------ room in flight
+IN_FLIGHT_CAT = catalog(
+    itype("g1", 28, 112, 1, "T4", price=0.5),
+    itype("g2", 16, 120, 2, "T4", price=0.9),
+    itype("g4", 32, 128, 4, "T4", price=2.0),
+)
+
+REPACK_SCENARIO = """
+name: repack-in-flight
+seed: 50
+duration: 2h
+catalog: x
+pools:
+  - name: gpu
+    disruption: {consolidationPolicy: WhenEmptyOrUnderutilized, consolidateAfter: 5m}
+cloud:
+  launchLatency: 30s
+  registrationLatency: 30s
+  devicePluginDelay: 120s
+workload:
+  - {source: burst, prefix: b0, count: 2, at: 60s, runtime: 30m, shape: {cpu: 8, memory: 32Gi, gpus: 2}}
+  - {source: burst, prefix: b1, count: 3, at: 90s, runtime: 10m, shape: {cpu: 2, memory: 8Gi, gpuMilli: 500}}
+  - {source: burst, prefix: b2, count: 2, at: 120s, runtime: 1h, shape: {cpu: 8, memory: 30Gi, gpuMilli: 230}}
+policy: {name: gpuscale, anticipate: {lead: 15m, waitCostPerGpuHour: 4, maxExtraGpus: 8}}
+"""
+
+
+def run_in_flight(text: str) -> tuple[SimResult, OptionsController]:
+    sc = parse_scenario(text, source="f.yaml", catalog=IN_FLIGHT_CAT)
+    built: list[OptionsController] = []
+
+    def factory(**kw: Any) -> Any:
+        c = options_controller(**kw)
+        c.gate.check = True
+        c.scaleup.check = True
+        assert isinstance(c, OptionsController)
+        built.append(c)
+        return c
+
+    return run_simulation(sc, factory), built[-1]
+
+
+def test_pods_that_fit_the_room_in_flight_by_another_assignment_launch_no_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three bursts a few tens of seconds apart: the extra room bought for the first is in flight when the last two
+    0.23-GPU pods arrive, and the planner's pod-by-pod placement leaves one of them without room there, where another
+    assignment fits them all (``repack_in_flight``). With the fix no node is launched for it; switched off (the
+    function made the identity), that launch is counted redundant by the simulated cloud."""
+    res, ctl = run_in_flight(REPACK_SCENARIO)
+    assert ctl.anticipation is not None and ctl.anticipation.stats.repacked >= 1
+    assert res.report["duplicateLaunches"] == 0
+    assert ctl.gate.mismatches == [] and ctl.scaleup.mismatches == []
+    monkeypatch.setattr(anticipating, "repack_in_flight", lambda snapshot, plain: plain)
+    off, ctl_off = run_in_flight(REPACK_SCENARIO)
+    assert ctl_off.anticipation is not None and ctl_off.anticipation.stats.repacked == 0
+    assert off.report["duplicateLaunches"] == 1
+    assert off.report["nodesLaunched"] == res.report["nodesLaunched"] + 1
+    assert off.report["podsCompleted"] == res.report["podsCompleted"]

@@ -128,6 +128,23 @@ class Anticipation:
             del self.times[:cut]
             del self.pods[:cut]
 
+    def _leaving(self, snapshot: Snapshot) -> set[str]:
+        """The pods of draining nodes ``snapshot`` shows pending (bound in the last world observed)."""
+        return {p.key for p in snapshot.pods if p.node_name is None and p.key in self._bound}
+
+    def corrected(
+        self,
+        snapshot: Snapshot,
+        plain: ScaleUpDecision,
+        replan: Callable[[Snapshot], ScaleUpDecision],
+        catalog: Catalog,
+    ) -> ScaleUpDecision:
+        """``plain`` with the two corrections :meth:`choose` makes first (``real_first``, then ``repack_in_flight``),
+        counting nothing: the plan the scale-up's check mode compares a skipped plan with."""
+        if not plain.launches:
+            return plain
+        return repack_in_flight(snapshot, real_first(snapshot, plain, self._leaving(snapshot), replan, catalog))
+
     def choose(
         self,
         snapshot: Snapshot,
@@ -142,8 +159,7 @@ class Anticipation:
         them (``repack_in_flight``): the spare room of extra nodes in flight that the planner's placement missed."""
         if not plain.launches:
             return plain
-        leaving = {p.key for p in snapshot.pods if p.node_name is None and p.key in self._bound}
-        again = real_first(snapshot, plain, leaving, replan, catalog)
+        again = real_first(snapshot, plain, self._leaving(snapshot), replan, catalog)
         if again is not plain:
             self.stats.reordered += 1
             plain = again

@@ -156,6 +156,17 @@ class OptionsController(Controller):
 
         return a.choose(snapshot, decision, replan, self.catalog, now)
 
+    def _reference(self, snapshot: Snapshot, decision: ScaleUpDecision) -> ScaleUpDecision:
+        a = self.anticipation
+        if a is None:
+            return decision
+        st, cfg, now = self.scaleup, self.config, self.clock.now()
+
+        def replan(s: Snapshot) -> ScaleUpDecision:
+            return decide_scale_up(s, st.planner, cfg.planner, now)
+
+        return a.corrected(snapshot, decision, replan, self.catalog)
+
     def _pool_of_node(self, name: str) -> NodePool | None:
         pool = super()._pool_of_node(name)
         return self.empty_waits.pool_for(name, pool) if self.empty_waits is not None else pool

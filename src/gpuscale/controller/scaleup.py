@@ -203,11 +203,11 @@ class ScaleUpSteps(ShellBase):
                 self._steady = (keys, st.memo, verdict.real)
             if st.check:
                 snapshot = self._snapshot(w, verdict.real, virtual)
-                ref = decide_scale_up(snapshot, st.planner, self.config.planner, now)
+                ref = self._reference(snapshot, decide_scale_up(snapshot, st.planner, self.config.planner, now))
 
                 def replan(moved: frozenset[str]) -> ScaleUpDecision:
                     kept = replace(snapshot, pods=tuple(p for p in snapshot.pods if p.key not in moved))
-                    return decide_scale_up(kept, st.planner, self.config.planner, now)
+                    return self._reference(kept, decide_scale_up(kept, st.planner, self.config.planner, now))
 
                 st.compare(now, gate, ref, self.config.replan_interval_s, pending=verdict.pending, replan=replan)
             return
@@ -259,6 +259,11 @@ class ScaleUpSteps(ShellBase):
 
     def _anticipate(self, snapshot: Snapshot, decision: ScaleUpDecision, w: World) -> ScaleUpDecision:
         """The plan to carry out (the ``anticipate`` option may buy room for expected pods: OptionsController)."""
+        return decision
+
+    def _reference(self, snapshot: Snapshot, decision: ScaleUpDecision) -> ScaleUpDecision:
+        """Check mode: the plan a skipped plan is compared with (``anticipate`` corrects it as it would the plan
+        carried out: OptionsController)."""
         return decision
 
     def _signature(self, real: Sequence[Pod], virtual: Sequence[Pod], w: World) -> object:
