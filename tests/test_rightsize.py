@@ -206,3 +206,8 @@ def test_rightsize_setting() -> None:
         with pytest.raises(InputError) as err:
             ControllerConfig.from_policy({"rightsize": bad})
         assert where in str(err.value) and "\n" not in str(err.value)
+    # maxPodAge alone below the default minPodAge: the error says which minPodAge and how to fix it
+    with pytest.raises(InputError) as err:
+        ControllerConfig.from_policy({"rightsize": {"maxPodAge": "1m"}})
+    assert "minPodAge (300s, the default) must be at most maxPodAge (60s)" in str(err.value)
+    assert "set minPodAge to at most 60s or maxPodAge to at least 300s" in str(err.value)

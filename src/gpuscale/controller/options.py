@@ -86,6 +86,8 @@ class OptionsController(Controller):
         super().__init__(*args, **kwargs)
         self.bound_since: dict[str, tuple[str, float]] = {}
         """Pod key -> (node, when first seen bound there)."""
+        self._ages_from: float | None = None
+        """When :attr:`bound_since` was first filled: a pod bound then may have run for any time before."""
         self.arrivals: list[tuple[float, int]] = []
         """(time first seen, milli-GPU) of the GPU pods seen arriving, oldest first."""
         self._seen: set[str] | None = None
@@ -140,7 +142,7 @@ class OptionsController(Controller):
         disrupted = result.disrupted
         super()._consolidate(w, result)
         if self.rightsizing is not None and self.config.consolidation and result.disrupted == disrupted:
-            self.rightsizing.step(self, w, result, {k: t for k, (_, t) in self.bound_since.items()})
+            self.rightsizing.step(self, w, result, self._known_ages())
 
     def _anticipate(self, snapshot: Snapshot, decision: ScaleUpDecision, w: World) -> ScaleUpDecision:
         a = self.anticipation
@@ -201,7 +203,15 @@ class OptionsController(Controller):
         return dp
 
     # ------------------------------------------------------------------------------------------------ ages
+    def _known_ages(self) -> dict[str, float]:
+        """First-bound times of the pods seen bind since the first observation (``rightsize``): a pod already bound
+        then (after a restart, say) may be older than ``maxPodAge``, so its age is unknown and its node is left."""
+        first = self._ages_from
+        return {k: t for k, (_, t) in self.bound_since.items() if first is not None and t > first}
+
     def _observe_ages(self, w: World) -> None:
+        if self._ages_from is None:
+            self._ages_from = w.now
         old = self.bound_since
         new: dict[str, tuple[str, float]] = {}
         for p in w.pods:

@@ -89,7 +89,10 @@ def rightsize(value: object, where: str) -> RightsizeRule | None:
         kw["min_saving"] = float(v)
     rule = RightsizeRule(**kw)
     if rule.min_pod_age_s > rule.max_pod_age_s:
+        lo, hi = f"{rule.min_pod_age_s:g}s", f"{rule.max_pod_age_s:g}s"
         raise InputError(
-            "must be at most maxPodAge", where=f"{where}.minPodAge", value=value.get("minPodAge"), fix="e.g. 5m"
+            f"minPodAge ({lo}{'' if 'minPodAge' in value else ', the default'}) must be at most maxPodAge ({hi})",
+            where=f"{where}.minPodAge",
+            fix=f"set minPodAge to at most {hi} or maxPodAge to at least {lo}",
         )
     return rule

@@ -5,8 +5,9 @@ consolidation's replacement: the old node drains once the new one is ready). The
 that no pod lands on it meanwhile (the replacement has room for its pods only); a controller restarted before the
 replacement is ready resumes it as draining.
 
-Pod ages are the controller's first-bound times (``OptionsController.bound_since``): after a restart they start
-again, so no node is right-sized until its pods have been seen bound for ``minPodAge``.
+Pod ages are the controller's first-bound times (``OptionsController.bound_since``), of the pods seen bind since
+its first observation only (``OptionsController._known_ages``): after a restart, a pod already bound may have run
+for longer than ``maxPodAge``, so its node is not right-sized (until its pods are all ones seen bind since).
 """
 
 from __future__ import annotations
