@@ -141,6 +141,8 @@ class OptionsController(Controller):
             self.anticipation.observe(w)
         disrupted = result.disrupted
         super()._consolidate(w, result)
+        if self.config.spot_to_spot is not None:
+            repacking.cordon_spot_swaps(self, w)
         if self.rightsizing is not None and self.config.consolidation and result.disrupted == disrupted:
             self.rightsizing.step(self, w, result, self._known_ages())
 

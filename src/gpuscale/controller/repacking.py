@@ -10,7 +10,9 @@
   empty one only swaps which node is empty, and the pod is evicted again once its new node is underutilised): the
   pass's deletions of empty nodes stand, and the other candidates are passed again with the empty nodes cordoned.
 * ``spotToSpot``: when the pass (and repack) decided nothing, one spot node kept for want of a cheaper replacement
-  is replaced by a cheaper spot node that takes all its pods.
+  is replaced by a cheaper spot node that takes all its pods. The node is cordoned in the round that starts its
+  replacement (:func:`cordon_spot_swaps`), so that no pod lands on it while the replacement, with room for its own
+  pods only, boots (a pod landing there would be evicted at the drain and a node launched for it again).
 
 Pod ages are the controller's first-bound times (``OptionsController.bound_since``).
 """
@@ -18,6 +20,7 @@ Pod ages are the controller's first-bound times (``OptionsController.bound_since
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gpuscale.controller.config import ControllerConfig
@@ -33,7 +36,7 @@ from gpuscale.core.disruption.repack import (
     without_destinations,
     young_nodes,
 )
-from gpuscale.core.disruption.spotswap import swap_spot
+from gpuscale.core.disruption.spotswap import is_spot_swap, swap_spot
 from gpuscale.core.model import Node
 from gpuscale.core.nodeclaim import IN_FLIGHT
 
@@ -91,6 +94,18 @@ def apply_rules(
     if unkeep:
         dp = DisruptionPlan(dp.actions, tuple(k for k in dp.kept if k.node not in unkeep), dp.since)
     return dp
+
+
+def cordon_spot_swaps(ctrl: Controller, w: World) -> None:
+    """``spotToSpot``: cordon each node whose spot-to-spot replacement is under way and that is not cordoned yet (run
+    after the consolidation step, so in the round that decided it). Idempotent; a controller restarted before the
+    replacement is ready resumes the cordoned node as draining."""
+    for old, (_, action) in ctrl.replacements.by_old.items():
+        node = w.nodes.get(old)
+        if node is None or node.unschedulable or not is_spot_swap(action, node):
+            continue
+        ctrl.backend.cordon(old)
+        w.nodes[old] = replace(node, unschedulable=True)
 
 
 def in_flight(ctrl: Controller) -> dict[str, InFlight]:

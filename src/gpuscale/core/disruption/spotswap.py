@@ -10,7 +10,9 @@ come. The swap pays on those terms when ``price - new price >= share x price``; 
 
 The caller runs it only on a pass that decided nothing, so budgets and PDBs stand as the pass checked them: a node
 kept with ``NoCheaperReplacement`` passed every blocker (wait, do-not-disrupt, PDBs, budgets) before the search.
-Pools with ``limits`` are left alone (their totals are the planner's to count). Pure.
+Pools with ``limits`` are left alone (their totals are the planner's to count). The replacement has room for the
+node's pods only, so the controller cordons the node at the decision (:func:`is_spot_swap` tells its replacements
+from the pass's: the pass never replaces a spot node by spot nodes). Pure.
 """
 
 from __future__ import annotations
@@ -133,6 +135,17 @@ def swap_spot(
     if action is None:
         return plan
     return DisruptionPlan((action,), tuple(k for k in plan.kept if k.node not in swappable), plan.since)
+
+
+def is_spot_swap(action: DisruptionAction, node: Node) -> bool:
+    """True if ``action`` replaces ``node``, a spot node, by spot nodes only (as :func:`swap_spot` does)."""
+    return (
+        action.kind is ActionKind.REPLACE
+        and action.node == node.name
+        and node.labels.get(L.CAPACITY_TYPE) == SPOT
+        and bool(action.replacements)
+        and all(r.capacity_type is CapacityType.SPOT for r in action.replacements)
+    )
 
 
 _NO_NODE = Node(name="", allocatable=Resources())
