@@ -248,6 +248,10 @@ def test_empty_wait_parses_and_is_off_by_default() -> None:
         ({"days": 1.5}, "policy.emptyWait.days", "integer"),
         ({"margin": 0}, "policy.emptyWait.margin", "number"),
         ({"learn": "yes"}, "policy.emptyWait.learn", "true or false"),
+        ({"learn": 1}, "policy.emptyWait.learn", "true or false"),
+        # a number of seconds is bounded as a duration string is ("99999999h": longer than 10 years)
+        ({"window": 1.0e308}, "policy.emptyWait.window", "longer than 10 years"),
+        ({"maxWait": 10**30}, "policy.emptyWait.maxWait", "longer than 10 years"),
     ],
 )
 def test_bad_empty_wait_settings_are_one_line_errors(value: object, where: str, words: str) -> None:

@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from gpuscale.core.durations import DURATION_HELP
+from gpuscale.core.durations import DURATION_HELP, MAX_DURATION_S
 from gpuscale.errors import InputError
 from gpuscale.manifests.quantity import parse_duration
 
@@ -21,6 +21,8 @@ def positive_duration(value: object, where: str) -> float:
     if isinstance(value, int | float):
         if value <= 0 or not math.isfinite(value):
             raise InputError("must be a positive number of seconds", where=where, value=value, fix=DURATION_HELP)
+        if value > MAX_DURATION_S:
+            raise InputError("longer than 10 years", where=where, value=value, fix=DURATION_HELP)
         return float(value)
     try:
         out = parse_duration(value)
