@@ -299,3 +299,24 @@ def test_decisions_read_the_outcomes_of_the_last_tick_and_wake_at_the_next() -> 
     ticked = step(4500.0)
     assert ticked.wait_s is None and "learned" in ticked.reason
     assert ticked.until <= 4500.0 + 900.0
+
+
+def test_a_restarted_controller_learning_decides_as_without_learn_until_it_has_seen_outcomes() -> None:
+    """The outcomes live in memory: a controller restarted with ``learn`` has none, and its decisions are those of
+    the rule without ``learn`` (the arrivals' rate is the prior), for the cheapest empty node and the ones after it."""
+    claims = ClaimTable()
+    nodes = {}
+    for k in range(3):
+        name = f"e{k}"
+        claims[f"r{k}"] = NodeClaim(
+            f"r{k}", "gpu", "g1", "z1", CapacityType.ON_DEMAND, ClaimPhase.INITIALIZED, hourly_price=0.6, node_name=name
+        )
+        nodes[name] = node(name, 8000, 32768, 1, "T4")
+    arrived = [pod(f"p{k}", gpus=1) for k in range(20)]
+    decided = []
+    for learn in (False, True):
+        ew = EmptyWaits(EmptyWaitSpec(max_wait_s=1800.0, window_s=3600.0, cold_start_s=380.0, learn=learn), 0.0)
+        ew.times, ew.pods = [100.0 * k + 50 for k in range(20)], arrived
+        got = ew.decide(World(3600.0, list(arrived), dict(nodes), [], [], [], {}), claims)
+        decided.append({n: d.wait_s for n, d in got.items()})
+    assert decided[0] == decided[1] and sorted(decided[0].values(), key=str) == [1800.0, 1800.0, None]
