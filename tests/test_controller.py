@@ -576,6 +576,9 @@ class CrashingBackend:
     def cordon(self, node_name: str) -> None:
         self.plan.around("cordon", lambda: self.inner.cordon(node_name))
 
+    def uncordon(self, node_name: str) -> None:
+        self.plan.around("uncordon", lambda: self.inner.uncordon(node_name))
+
     def evict(self, pod_key: str) -> bool:
         return bool(self.plan.around("evict", lambda: self.inner.evict(pod_key)))
 

@@ -1,8 +1,8 @@
 """The cluster-side protocol the controller observes and acts through.
 
-The controller never binds pods (the scheduler does). It reads pods and nodes, cordons, evicts and deletes nodes,
-labels and taints the nodes GPRs borrow and give back, and records events. :class:`gpuscale.sim.cluster.SimCluster`
-and the Kubernetes adapter implement it.
+The controller never binds pods (the scheduler does). It reads pods and nodes, cordons (and uncordons), evicts and
+deletes nodes, labels and taints the nodes GPRs borrow and give back, and records events.
+:class:`gpuscale.sim.cluster.SimCluster` and the Kubernetes adapter implement it.
 """
 
 from __future__ import annotations
@@ -53,6 +53,10 @@ class ClusterBackend(Protocol):
 
     def cordon(self, node_name: str) -> None:
         """Mark the node unschedulable."""
+        ...
+
+    def uncordon(self, node_name: str) -> None:
+        """Undo :meth:`cordon`: make the node schedulable again (idempotent; a node that is gone is ignored)."""
         ...
 
     def evict(self, pod_key: str) -> bool:

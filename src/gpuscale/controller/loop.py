@@ -320,11 +320,13 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
 
     # -------------------------------------------------------------------------------------------- replacing
     def _progress_replacements(self, w: World) -> None:
-        """Drain a replaced node once all its replacements are initialised; keep it if one of them fails."""
+        """Drain a replaced node once all its replacements are initialised; keep it if one of them fails (and
+        uncordon it if gpuscale cordoned it for the replacement)."""
         if not self.replacements.by_old:
             return
-        reps = self.replacements.progress()
-        self._apply(progress_replacements(reps, self.claims, self.claims.by_node_name, w.nodes, w.now), w)
+        r = self.replacements
+        by_name = self.claims.by_node_name
+        self._apply(progress_replacements(r.progress(), self.claims, by_name, w.nodes, w.now, r.cordoned), w)
 
 
 def make_controller(

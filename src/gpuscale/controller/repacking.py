@@ -99,11 +99,12 @@ def apply_rules(
 def cordon_spot_swaps(ctrl: Controller, w: World) -> None:
     """``spotToSpot``: cordon each node whose spot-to-spot replacement is under way and that is not cordoned yet (run
     after the consolidation step, so in the round that decided it). Idempotent; a controller restarted before the
-    replacement is ready resumes the cordoned node as draining."""
+    replacement is ready resumes the cordoned node as draining; one whose replacement fails is uncordoned."""
     for old, (_, action) in ctrl.replacements.by_old.items():
         node = w.nodes.get(old)
         if node is None or node.unschedulable or not is_spot_swap(action, node):
             continue
+        ctrl.replacements.cordoned.add(old)
         ctrl.backend.cordon(old)
         w.nodes[old] = replace(node, unschedulable=True)
 

@@ -2,8 +2,9 @@
 consolidation step and only when that step started nothing, the consolidatable node whose pods are all young and
 that a cheaper node of its pool and capacity type would hold is replaced (one node per round, launched like a
 consolidation's replacement: the old node drains once the new one is ready). The old node is cordoned at once, so
-that no pod lands on it meanwhile (the replacement has room for its pods only); a controller restarted before the
-replacement is ready resumes it as draining.
+that no pod lands on it meanwhile (the replacement has room for its pods only), and uncordoned if the replacement
+fails and the node is kept (:attr:`~gpuscale.controller.rounds.Replacements.cordoned`); a controller restarted before
+the replacement is ready resumes it as draining.
 
 Pod ages are the controller's first-bound times (``OptionsController.bound_since``), of the pods seen bind since
 its first observation only (``OptionsController._known_ages``): after a restart, a pod already bound may have run
@@ -82,9 +83,13 @@ class Rightsizing:
             return
         rids = tuple(k for k, c in ctrl.claims.items() if c.replaces == action.node and k not in before and c.alive)
         ctrl.replacements.start(action.node, rids, action)
-        # cordoned now, so that no pod lands on it while its replacement boots (the replacement holds only its pods)
+        # cordoned now, so that no pod lands on it while its replacement boots (the replacement holds only its pods);
+        # recorded, so that it is uncordoned if the replacement fails (a node cordoned by someone else stays so)
+        node = w.nodes.get(action.node)
+        if node is None or not node.unschedulable:
+            ctrl.replacements.cordoned.add(action.node)
         ctrl.backend.cordon(action.node)
-        if (node := w.nodes.get(action.node)) is not None:
+        if node is not None:
             w.nodes[action.node] = replace(node, unschedulable=True)
         result.launched += 1 if outcome is Outcome.OK else 0
         result.disrupted += 1

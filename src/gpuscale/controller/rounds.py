@@ -211,6 +211,9 @@ class Replacements:
         """Replaced node -> (its replacements' claim keys, the disruption action)."""
         self.involuntary: set[str] = set()
         """Claims drained for a reason the workload did not choose (spot interruption, node failure)."""
+        self.cordoned: set[str] = set()
+        """Nodes gpuscale cordoned when it started their replacement (``rightsize``, ``spotToSpot``): uncordoned
+        if the replacement fails and the node is kept. In memory only (see docs/policies.md)."""
 
     def start(self, old_node: str, rids: tuple[str, ...], action: DisruptionAction) -> None:
         """``old_node`` is being replaced by the claims ``rids``."""
@@ -219,6 +222,7 @@ class Replacements:
     def drop(self, old_node: str) -> None:
         """The replacement of ``old_node`` is over (drained, or abandoned)."""
         self.by_old.pop(old_node, None)
+        self.cordoned.discard(old_node)
 
     def progress(self) -> dict[str, tuple[tuple[str, ...], str]]:
         """Replaced node -> (replacement keys, reason), as :func:`~gpuscale.core.reconcile.progress_replacements`

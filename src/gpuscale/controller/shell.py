@@ -48,6 +48,7 @@ from gpuscale.core.reconcile import (
     Outcome,
     Rules,
     SetClaim,
+    Uncordon,
     start_drain,
 )
 from gpuscale.core.reconcile.scaleup import pool_limit_refusal
@@ -207,6 +208,11 @@ class ShellBase:
             node = w.nodes.get(a.node_name)
             if node is not None:
                 w.nodes[a.node_name] = replace(node, unschedulable=True)
+        elif isinstance(a, Uncordon):
+            self.backend.uncordon(a.node_name)
+            node = w.nodes.get(a.node_name)
+            if node is not None:
+                w.nodes[a.node_name] = replace(node, unschedulable=False)
         elif isinstance(a, DrainStarted):
             if a.involuntary:
                 self.replacements.involuntary.add(a.key)

@@ -6,6 +6,7 @@ nominated to a node that exists is counted on that node (so a node in flight is 
 
 * ``cordon``: a JSON merge patch setting ``spec.unschedulable`` and adding the ``gpuscale.io/disrupted:NoSchedule``
   taint, guarded by the node's resourceVersion (a 409 conflict retries once on a fresh read);
+* ``uncordon``: the reverse patch, only on a node carrying that taint (one a person cordoned is left alone);
 * ``evict``: the Eviction subresource; 429 (a PodDisruptionBudget forbids it now) returns False and the controller
   asks again in a later round (nothing here sleeps);
 * ``delete_node``: DELETE of the Node (already gone is fine);
@@ -213,6 +214,22 @@ class KubeBackend:
 
         self._patch_node(node_name, "cordon", patch)
 
+    def uncordon(self, node_name: str) -> None:
+        """Undo :meth:`cordon`: a merge patch setting ``spec.unschedulable`` false and removing the
+        ``gpuscale.io/disrupted`` taint. Only a node carrying that taint is patched (a node a person cordoned is
+        left alone, and a second call sends nothing)."""
+
+        def gpuscale_cordoned(obj: Obj) -> bool:
+            return any(t.get("key") == DISRUPTED_TAINT for t in (obj.get("spec") or {}).get("taints") or [])
+
+        def patch(obj: Obj) -> Obj | None:
+            if not gpuscale_cordoned(obj):
+                return None
+            taints = [t for t in (obj.get("spec") or {}).get("taints") or [] if t.get("key") != DISRUPTED_TAINT]
+            return {"spec": {"unschedulable": False, "taints": taints}}
+
+        self._patch_node(node_name, "uncordon", patch)
+
     def update_node(
         self,
         node_name: str,
@@ -232,14 +249,17 @@ class KubeBackend:
 
         self._patch_node(node_name, "update node", patch)
 
-    def _patch_node(self, node_name: str, what: str, build: Callable[[Obj], Obj]) -> None:
+    def _patch_node(self, node_name: str, what: str, build: Callable[[Obj], Obj | None]) -> None:
         """Merge-patch a Node with ``build(node)`` guarded by its resourceVersion: the cached object first, and on a
-        conflict once more on a fresh read; a Node that is gone is left alone, other failures are logged."""
+        conflict once more on a fresh read; a Node that is gone (or for which ``build`` returns None) is left alone,
+        other failures are logged."""
         for attempt in range(2):
             obj = self.cache.get("nodes", node_name) if attempt == 0 else self._fetch_node(node_name)
             if obj is None:
                 return
             patch = build(obj)
+            if patch is None:
+                return
             patch["metadata"] = {**patch.get("metadata", {}), "resourceVersion": obj["metadata"].get("resourceVersion")}
             try:
                 self.client.run(

@@ -62,6 +62,7 @@ from gpuscale.core.reconcile.records import (
     RemoveOrphan,
     Rules,
     SetClaim,
+    Uncordon,
     find_node,
 )
 
@@ -102,6 +103,7 @@ __all__ = [
     "RetryLaunch",
     "Rules",
     "SetClaim",
+    "Uncordon",
     "adopt_claim",
     "advance_claim",
     "drain_grace_s",

@@ -17,7 +17,7 @@ Each returns a :class:`~gpuscale.core.reconcile.records.Decisions`; none changes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuscale.core.model import CapacityType, Node, OfferingKey
@@ -50,6 +50,7 @@ from gpuscale.core.reconcile.records import (
     ProviderEventView,
     Rules,
     SetClaim,
+    Uncordon,
     find_node,
 )
 from gpuscale.core.resources import Resources
@@ -339,8 +340,10 @@ def progress_replacements(
     claim_of_node: Callable[[str], tuple[str, NodeClaim] | None],
     nodes: Mapping[str, Node],
     now: float,
+    cordoned: Collection[str] = frozenset(),
 ) -> Decisions:
-    """Drain a replaced node once all its replacements are initialised; keep it if one of them failed.
+    """Drain a replaced node once all its replacements are initialised; keep it if one of them failed, and make it
+    schedulable again if it is in ``cordoned`` (the nodes gpuscale cordoned when it started their replacement).
 
     ``replacements`` maps the old node's name to (request ids of its replacements, the disruption reason);
     ``claim_of_node`` finds the (key, claim) of a node name.
@@ -354,6 +357,8 @@ def progress_replacements(
             continue
         failed = [rid for rid, c in zip(rids, new, strict=True) if c is None or c.phase in _REPLACEMENT_FAILED]
         if failed:
+            if old_name in cordoned:
+                out.actions.append(Uncordon(old_name))
             out.actions.append(DropReplacement(old_name))
             out.note(
                 EventKind.REPLACE_ABORTED,

@@ -166,6 +166,13 @@ class Cordon:
 
 
 @dataclass(frozen=True, slots=True)
+class Uncordon:
+    """Make the node schedulable again: gpuscale cordoned it for a replacement that failed, and it is kept."""
+
+    node_name: str
+
+
+@dataclass(frozen=True, slots=True)
 class DrainStarted:
     """The claim ``key`` started draining: ``involuntary`` drains ignore do-not-disrupt; the node's
     consolidateAfter clock stops."""
@@ -239,6 +246,7 @@ Action = (
     | FinishClaim
     | MarkUnavailable
     | Cordon
+    | Uncordon
     | DrainStarted
     | ClearRetry
     | DropReplacement
