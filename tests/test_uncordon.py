@@ -14,10 +14,11 @@ import pytest
 from gpuscale.catalogs import load_catalog
 from gpuscale.clock import ManualClock
 from gpuscale.core.nodeclaim import ClaimPhase, NodeClaim
-from gpuscale.core.reconcile import DropReplacement, Uncordon, progress_replacements
+from gpuscale.core.reconcile import DropReplacement, Uncordon, progress_replacements, retry_uncordons
 from gpuscale.fakes.kube_api import KubeAPIServer
 from gpuscale.kube.backend import DISRUPTED_TAINT
 from gpuscale.kube.command import ControllerProcess
+from gpuscale.sim.cluster import SimCluster
 from gpuscale.sim.commands import simulate_policy
 from gpuscale.sim.scenario import parse_scenario
 from kube_harness import client_for
@@ -51,6 +52,27 @@ def test_a_failed_replacement_uncordons_only_a_node_gpuscale_cordoned() -> None:
     assert d.actions == [DropReplacement("node-0")]
 
 
+def test_an_uncordon_is_sent_again_at_its_due_time_until_the_node_is_schedulable() -> None:
+    table = {
+        "a": claim("a", ClaimPhase.INITIALIZED, node_id="n0", name="node-0"),
+        "b": claim("b", ClaimPhase.INITIALIZED, node_id="n1", name="node-1"),
+        "c": claim("c", ClaimPhase.DRAINING, node_id="n2", name="node-2"),
+    }
+
+    def by_name(name: str) -> tuple[str, NodeClaim] | None:
+        return next(((k, c) for k, c in table.items() if c.node_name == name), None)
+
+    nodes = {
+        "node-0": k8s("node-0", cordoned=True),
+        "node-1": k8s("node-1"),
+        "node-2": k8s("node-2", cordoned=True),
+    }
+    due = {"node-0": 10.0, "node-1": 10.0, "node-2": 10.0, "gone": 10.0}
+    # before its due time a node still cordoned waits; the schedulable, leaving and vanished ones are settled
+    assert retry_uncordons(due, nodes, by_name, 9.0) == ([], ["node-1", "node-2", "gone"])
+    assert retry_uncordons(due, nodes, by_name, 10.0) == (["node-0"], ["node-1", "node-2", "gone"])
+
+
 # ------------------------------------------------------------------------------------------------ simulated
 LATE = """  - source: burst
     prefix: late
@@ -77,6 +99,29 @@ def test_a_spot_node_whose_swap_failed_takes_pods_again() -> None:
     swaps = [e.message for e in res.cluster.events if e.kind == "ScaleUp" and "to replace" in e.message]
     assert swaps[1].startswith("launched small spot in z1 ($0.17/h) for 2 pod(s)")  # the late pod was on the node
     assert res.report["duplicateLaunches"] == 0
+
+
+def test_a_failed_uncordon_is_retried_until_the_node_is_schedulable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same failed swap, with the first uncordon request failing (the backend logs it and the node stays
+    cordoned): it is sent again a second later and succeeds, the late pod lands on the kept node, and no request
+    follows once the node is seen schedulable."""
+    calls: list[tuple[str, float]] = []
+    real = SimCluster.uncordon
+
+    def flaky(self: SimCluster, node_name: str) -> None:
+        calls.append((node_name, self.engine.now()))
+        if len(calls) > 1:  # the first request fails (an API error, logged by the adapter): nothing changes
+            real(self, node_name)
+
+    monkeypatch.setattr(SimCluster, "uncordon", flaky)
+    text = SPOT_SIM.replace("policy:", LATE + "policy:").replace("  devicePluginDelay: 60s\n", STUCK)
+    text = text.format(extra=", spotToSpot: true, deadlines: {gpuInit: 5m}")
+    res = simulate_policy(parse_scenario(text, source="s.yaml", catalog=SPOT_CAT), "gpuscale")
+    (aborted,) = [e for e in res.cluster.events if e.kind == "ReplaceAborted"]
+    assert len(calls) == 2 and calls[0][0] == calls[1][0]  # retried once, nothing after it succeeded
+    assert aborted.at <= calls[0][1] < calls[1][1] < 27 * 60
+    ups = [e.message for e in res.cluster.events if e.kind == "ScaleUp" and "to replace" not in e.message]
+    assert ups == ["launched big spot in z1 ($0.26/h) for 1 pod(s)"]  # none for the late pod: the node took it
 
 
 # ------------------------------------------------------------------------------------------------ Kubernetes

@@ -60,10 +60,13 @@ from gpuscale.core.model import Catalog, Node, NodePool, OfferingKey
 from gpuscale.core.nodeclaim import TIMED_PHASES, ClaimPhase, deadline
 from gpuscale.core.plan import ScaleUpPlan
 from gpuscale.core.reconcile import (
+    Decisions,
     EventKind,
+    Uncordon,
     expire_deadlines,
     on_provider_events,
     progress_replacements,
+    retry_uncordons,
     sync_claims,
 )
 from gpuscale.errors import ProviderError
@@ -246,6 +249,7 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
                 times.append(unlisted.since + self.config.lost_grace_s)
         times += self.launcher.wake_times()
         times += self.deletions.wake_times()
+        times += self.replacements.wake_times()
         times += self.gate.wake_times(self._pool_of_node)
         if self.gpr.enabled:  # (no GPR news otherwise)
             times += self._gpr_wake_times()
@@ -321,10 +325,15 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
     # -------------------------------------------------------------------------------------------- replacing
     def _progress_replacements(self, w: World) -> None:
         """Drain a replaced node once all its replacements are initialised; keep it if one of them fails (and
-        uncordon it if gpuscale cordoned it for the replacement)."""
-        if not self.replacements.by_old:
-            return
+        uncordon it if gpuscale cordoned it for the replacement, again at its due time until it is seen schedulable)."""
         r = self.replacements
+        if r.uncordon_due:
+            again, settled = retry_uncordons(r.uncordon_due, w.nodes, self.claims.by_node_name, w.now)
+            for name in settled:
+                r.uncordon_settled(name)
+            self._apply(Decisions(actions=[Uncordon(name) for name in again]), w)
+        if not r.by_old:
+            return
         by_name = self.claims.by_node_name
         self._apply(progress_replacements(r.progress(), self.claims, by_name, w.nodes, w.now, r.cordoned), w)
 

@@ -203,6 +203,10 @@ class Observation:
             self.synced, self.synced_nodes = (self.cloud_list, claims_version), self.nodes_list
 
 
+UNCORDON_RETRY_MIN_S = 1.0
+UNCORDON_RETRY_MAX_S = 60.0
+
+
 class Replacements:
     """Nodes being replaced and claims drained involuntarily."""
 
@@ -214,6 +218,11 @@ class Replacements:
         self.cordoned: set[str] = set()
         """Nodes gpuscale cordoned when it started their replacement (``rightsize``, ``spotToSpot``): uncordoned
         if the replacement fails and the node is kept. In memory only (see docs/policies.md)."""
+        self.uncordon_due: dict[str, float] = {}
+        """Nodes an uncordon was sent for -> when it is sent again if the node is still seen unschedulable (kept
+        until it is seen schedulable, gone or leaving: :func:`~gpuscale.core.reconcile.retry_uncordons`)."""
+        self.uncordon_sent: dict[str, int] = {}
+        """Nodes an uncordon was sent for -> the requests sent so far (the back-off doubles with each)."""
 
     def start(self, old_node: str, rids: tuple[str, ...], action: DisruptionAction) -> None:
         """``old_node`` is being replaced by the claims ``rids``."""
@@ -223,6 +232,22 @@ class Replacements:
         """The replacement of ``old_node`` is over (drained, or abandoned)."""
         self.by_old.pop(old_node, None)
         self.cordoned.discard(old_node)
+
+    def uncordoned(self, node: str, now: float) -> None:
+        """An uncordon of ``node`` was sent: send it again after a back-off (1 s, doubling up to 60 s) while the
+        node is still seen unschedulable (a failed request is only logged by the backend)."""
+        n = self.uncordon_sent.get(node, 0) + 1
+        self.uncordon_sent[node] = n
+        self.uncordon_due[node] = now + min(UNCORDON_RETRY_MAX_S, UNCORDON_RETRY_MIN_S * 2 ** (n - 1))
+
+    def uncordon_settled(self, node: str) -> None:
+        """``node`` is seen schedulable (or gone, or leaving): no uncordon is sent again."""
+        self.uncordon_due.pop(node, None)
+        self.uncordon_sent.pop(node, None)
+
+    def wake_times(self) -> list[float]:
+        """When an uncordon is due again."""
+        return list(self.uncordon_due.values())
 
     def progress(self) -> dict[str, tuple[tuple[str, ...], str]]:
         """Replaced node -> (replacement keys, reason), as :func:`~gpuscale.core.reconcile.progress_replacements`

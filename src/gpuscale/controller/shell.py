@@ -210,6 +210,7 @@ class ShellBase:
                 w.nodes[a.node_name] = replace(node, unschedulable=True)
         elif isinstance(a, Uncordon):
             self.backend.uncordon(a.node_name)
+            self.replacements.uncordoned(a.node_name, now)
             node = w.nodes.get(a.node_name)
             if node is not None:
                 w.nodes[a.node_name] = replace(node, unschedulable=False)

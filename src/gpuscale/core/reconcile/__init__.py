@@ -16,6 +16,7 @@ from gpuscale.core.reconcile.claims import (
     expire_deadlines,
     on_provider_events,
     progress_replacements,
+    retry_uncordons,
     start_drain,
     sync_claims,
 )
@@ -119,6 +120,7 @@ __all__ = [
     "progress_replacements",
     "read_policy",
     "retry_delay",
+    "retry_uncordons",
     "start_drain",
     "sync_claims",
 ]

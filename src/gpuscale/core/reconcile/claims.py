@@ -380,6 +380,27 @@ def progress_replacements(
     return out
 
 
+def retry_uncordons(
+    due: Mapping[str, float],
+    nodes: Mapping[str, Node],
+    claim_of_node: Callable[[str], tuple[str, NodeClaim] | None],
+    now: float,
+) -> tuple[list[str], list[str]]:
+    """Of the nodes an :class:`Uncordon` was sent for (``due``: when to send it again), (those to uncordon again now,
+    those settled). A node is settled once it is seen schedulable, or gone, or leaving (its claim not Initialized);
+    one still unschedulable is asked again at its due time (a failed request is retried in a later round)."""
+    again: list[str] = []
+    settled: list[str] = []
+    for name, at in due.items():
+        node = nodes.get(name)
+        found = claim_of_node(name)
+        if node is None or not node.unschedulable or found is None or found[1].phase is not ClaimPhase.INITIALIZED:
+            settled.append(name)
+        elif at <= now:
+            again.append(name)
+    return again, settled
+
+
 # ------------------------------------------------------------------------------------------------ restarting
 @dataclass(slots=True)
 class Restored:
