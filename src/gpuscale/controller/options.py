@@ -201,13 +201,15 @@ class OptionsController(Controller):
             dp = weigh_actions(dp, inputs.nodes, inputs.pods, started, self.catalog, rule, w.now)
         if repacking.uses_ages(self):
             started = {k: t for k, (_, t) in self.bound_since.items()}
-            dp = repacking.apply_rules(self, dp, inputs, candidates, disrupting, since, w, started)
+            known = self._known_ages()
+            dp = repacking.apply_rules(self, dp, inputs, candidates, disrupting, since, w, started, known)
         return dp
 
     # ------------------------------------------------------------------------------------------------ ages
     def _known_ages(self) -> dict[str, float]:
-        """First-bound times of the pods seen bind since the first observation (``rightsize``): a pod already bound
-        then (after a restart, say) may be older than ``maxPodAge``, so its age is unknown and its node is left."""
+        """First-bound times of the pods seen bind since the first observation (``rightsize``, and ``repack``'s and
+        ``spotToSpot``'s ``maxPodAge``): a pod already bound then (after a restart, say) may be older than
+        ``maxPodAge``, so its age is unknown and its node is left."""
         first = self._ages_from
         return {k: t for k, (_, t) in self.bound_since.items() if first is not None and t > first}
 

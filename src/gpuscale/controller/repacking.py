@@ -14,7 +14,9 @@
   replacement (:func:`cordon_spot_swaps`), so that no pod lands on it while the replacement, with room for its own
   pods only, boots (a pod landing there would be evicted at the drain and a node launched for it again).
 
-Pod ages are the controller's first-bound times (``OptionsController.bound_since``).
+Pod ages are the controller's first-bound times (``OptionsController.bound_since``); ``repack`` and ``spotToSpot``
+read only those of the pods seen bind since its first observation (``OptionsController._known_ages``): after a
+restart a pod already bound may be older than ``maxPodAge``, so it is not young.
 """
 
 from __future__ import annotations
@@ -69,16 +71,20 @@ def apply_rules(
     since: Mapping[str, float],
     w: World,
     started: Mapping[str, float],
+    known: Mapping[str, float] | None = None,
 ) -> DisruptionPlan:
-    """``dp`` after ``packOntoEmpty``, ``evictMaxPodAge``, ``repack`` and ``spotToSpot`` (each a no-op when off)."""
+    """``dp`` after ``packOntoEmpty``, ``evictMaxPodAge``, ``repack`` and ``spotToSpot`` (each a no-op when off).
+    ``started``: first-bound times; ``known``: those of the pods seen bind since the first observation (default
+    ``started``), read by ``repack``'s and ``spotToSpot``'s ``maxPodAge`` (a pod without one is not young)."""
     cfg = ctrl.config
+    young_ages = started if known is None else known
     unkeep: set[str] = set()
     if not cfg.pack_onto_empty:
         dp, unkeep = _not_onto_empty(ctrl, dp, inputs, candidates, disrupting, w)
     if cfg.evict_max_pod_age is not None and dp.actions:
         dp = hold_old_pods(dp, started, cfg.evict_max_pod_age, w.now)
     if cfg.repack is not None and not dp.actions:
-        dp = _repack(ctrl, cfg.repack, dp, inputs, candidates, disrupting, since, w, started)
+        dp = _repack(ctrl, cfg.repack, dp, inputs, candidates, disrupting, since, w, young_ages)
     if cfg.spot_to_spot is not None and not dp.actions and dp.kept:
         dp = swap_spot(
             dp,
@@ -89,7 +95,7 @@ def apply_rules(
             w.now,
             inputs.unavailable,
             cfg.spot_to_spot,
-            started,
+            young_ages,
         )
     if unkeep:
         dp = DisruptionPlan(dp.actions, tuple(k for k in dp.kept if k.node not in unkeep), dp.since)
