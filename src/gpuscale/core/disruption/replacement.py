@@ -109,6 +109,33 @@ def fits_one_node(pods: Sequence[Pod], labels: Mapping[str, str], taints: tuple[
     return True
 
 
+def one_node_for(
+    pods: Sequence[Pod],
+    pool: NodePool,
+    catalog: Catalog,
+    now: float,
+    unavailable: Mapping[OfferingKey, float],
+    types: Collection[CapacityType],
+    ceiling: float = math.inf,
+) -> Replacement | None:
+    """The cheapest offering of ``pool`` among capacity ``types`` that takes all ``pods`` on one node and costs at
+    most ``ceiling`` $/h (None if there is none)."""
+    for po in pool_offerings(pool, catalog, now, unavailable, types):
+        if po.price > ceiling:
+            return None
+        if fits_one_node(pods, po.labels, pool.taints, po.allocatable):
+            return Replacement(
+                pool.name,
+                po.instance_type.name,
+                po.offering.zone,
+                po.offering.capacity_type,
+                po.price,
+                po.allocatable,
+                tuple(p.key for p in sort_pods(pods)),
+            )
+    return None
+
+
 @dataclass(slots=True)
 class Market:
     """The new nodes a disruption pass may still buy: pools, catalog and offerings unavailable at ``now``, with the

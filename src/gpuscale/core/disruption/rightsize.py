@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 from gpuscale.core import labels as L
 from gpuscale.core.disruption.budgets import allowed_disruptions
-from gpuscale.core.disruption.candidates import do_not_disrupt, node_price, request_share, sort_pods
-from gpuscale.core.disruption.replacement import fits_one_node, pool_offerings
+from gpuscale.core.disruption.candidates import do_not_disrupt, node_price, request_share
+from gpuscale.core.disruption.replacement import one_node_for
 from gpuscale.core.disruption.values import (
     ActionKind,
     DisruptionAction,
@@ -77,18 +77,7 @@ def cheapest_fit(
     types = [c for c in CapacityType if str(c) == ct]
     if not types:
         return None
-    for po in pool_offerings(pool, catalog, now, unavailable, types):
-        if fits_one_node(pods, po.labels, pool.taints, po.allocatable):
-            return Replacement(
-                pool.name,
-                po.instance_type.name,
-                po.offering.zone,
-                po.offering.capacity_type,
-                po.price,
-                po.allocatable,
-                tuple(p.key for p in sort_pods(pods)),
-            )
-    return None
+    return one_node_for(pods, pool, catalog, now, unavailable, types)
 
 
 def pays(price: float, new_price: float, share: float, ages: Sequence[float], rule: RightsizeRule) -> bool:

@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuscale.core import labels as L
-from gpuscale.core.disruption.candidates import node_price, request_share, sort_pods
-from gpuscale.core.disruption.replacement import fits_one_node, pool_offerings
+from gpuscale.core.disruption.candidates import node_price, request_share
+from gpuscale.core.disruption.replacement import one_node_for
 from gpuscale.core.disruption.values import (
     ActionKind,
     DisruptionAction,
@@ -56,20 +56,7 @@ def spot_replacement(
     its price."""
     price = node_price(node, catalog)
     ceiling = min(price * (1.0 - request_share(node, pods)), price - 1e-6)  # strictly cheaper
-    for po in pool_offerings(pool, catalog, now, unavailable, (CapacityType.SPOT,)):
-        if po.price > ceiling:
-            return None
-        if fits_one_node(pods, po.labels, pool.taints, po.allocatable):
-            return Replacement(
-                pool.name,
-                po.instance_type.name,
-                po.offering.zone,
-                po.offering.capacity_type,
-                po.price,
-                po.allocatable,
-                tuple(p.key for p in sort_pods(pods)),
-            )
-    return None
+    return one_node_for(pods, pool, catalog, now, unavailable, (CapacityType.SPOT,), ceiling)
 
 
 def swap_spot(
