@@ -179,3 +179,28 @@ ONE_CLOUD_POOL = NodePool(
     capacity_types=(OD,),
     disruption=Disruption(consolidate_after_s=30.0, budgets=(DisruptionBudget("100%"),)),
 )
+
+
+def crashing_options_factory(crash_at: float | None) -> tuple[Any, list[Any]]:
+    """A controller factory for ``run_simulation`` building options controllers, the first of which crashes at its
+    first reconcile from ``crash_at`` on (None: never), and the list of the controllers it built."""
+    from gpuscale.controller.options import options_controller
+    from gpuscale.sim.runner import ControllerCrash
+
+    built: list[Any] = []
+
+    def factory(**kw: Any) -> Any:
+        c = options_controller(**kw)
+        if not built and crash_at is not None:
+            reconcile = c.reconcile
+
+            def crashing() -> Any:
+                if c.clock.now() >= crash_at:
+                    raise ControllerCrash("test")
+                return reconcile()
+
+            c.reconcile = crashing  # type: ignore[method-assign]
+        built.append(c)
+        return c
+
+    return factory, built

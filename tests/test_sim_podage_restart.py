@@ -6,30 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuscale.controller.options import options_controller
-from gpuscale.sim.runner import ControllerCrash, SimResult, run_simulation
+from builders import crashing_options_factory
+from gpuscale.sim.runner import SimResult, run_simulation
 from gpuscale.sim.scenario import parse_scenario
 from test_repack import SIM, SIM_CAT, SPOT_CAT, SPOT_SIM
 
 
 def _run(text: str, catalog: Any, crash_at: float | None) -> SimResult:
     """``text`` simulated, the first controller crashing at its first reconcile from ``crash_at`` on."""
-    built: list[Any] = []
-
-    def factory(**kw: Any) -> Any:
-        c = options_controller(**kw)
-        if not built and crash_at is not None:
-            reconcile = c.reconcile
-
-            def crashing() -> Any:
-                if c.clock.now() >= crash_at:
-                    raise ControllerCrash("test")
-                return reconcile()
-
-            c.reconcile = crashing  # type: ignore[method-assign]
-        built.append(c)
-        return c
-
+    factory, built = crashing_options_factory(crash_at)
     res = run_simulation(parse_scenario(text, source="r.yaml", catalog=catalog), factory)
     assert len(built) == (1 if crash_at is None else 2) and res.report["duplicateLaunches"] == 0
     return res

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from builders import catalog, itype
-from gpuscale.controller.options import options_controller
+from builders import catalog, crashing_options_factory, itype
 from gpuscale.sim.commands import simulate_policy
-from gpuscale.sim.runner import ControllerCrash, run_simulation
+from gpuscale.sim.runner import run_simulation
 from gpuscale.sim.scenario import parse_scenario
 
 CAT = catalog(itype("big", 28, 112, 1, "P100", price=0.26), itype("tiny", 4, 30, 1, "P100", price=0.14))
@@ -100,22 +99,7 @@ def _run_crashing(crash_at: float | None) -> list[Any]:
     controller crashing at its first reconcile from ``crash_at`` on (a pod arriving at 40 min wakes it): the
     right-sizing events."""
     text = SCENARIO.format(extra=", rightsize: {minPodAge: 5m, maxPodAge: 10m}", late=RESTART)
-    built: list[Any] = []
-
-    def factory(**kw: Any) -> Any:
-        c = options_controller(**kw)
-        if not built and crash_at is not None:
-            reconcile = c.reconcile
-
-            def crashing() -> Any:
-                if c.clock.now() >= crash_at:
-                    raise ControllerCrash("test")
-                return reconcile()
-
-            c.reconcile = crashing  # type: ignore[method-assign]
-        built.append(c)
-        return c
-
+    factory, built = crashing_options_factory(crash_at)
     res = run_simulation(parse_scenario(text, source="r.yaml", catalog=CAT), factory)
     assert len(built) == (1 if crash_at is None else 2)
     return [e for e in res.cluster.events if e.kind == "Consolidate" and "rightsize" in e.message]
