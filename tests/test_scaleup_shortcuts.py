@@ -47,9 +47,8 @@ def scenario(tmp_path: Path) -> Path:
     return path
 
 
-def test_runs_with_and_without_the_scale_up_shortcuts_are_identical(
-    scenario: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _count_gates(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The gate verdicts of the scale-up rounds from now on (one per round that asked the gate)."""
     gates: list[object] = []
     real_gate = gate_scale_up
 
@@ -59,6 +58,13 @@ def test_runs_with_and_without_the_scale_up_shortcuts_are_identical(
         return verdict
 
     monkeypatch.setattr(scaleup, "gate_scale_up", counting)
+    return gates
+
+
+def test_runs_with_and_without_the_scale_up_shortcuts_are_identical(
+    scenario: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gates = _count_gates(monkeypatch)
     fast = _run(scenario)
     rounds, asked = len(fast[2]), len(gates)
     assert Gate.EMPTY in gates and asked < rounds - 100  # the EMPTY shortcut was taken, many times
@@ -92,15 +98,7 @@ def _fresh_snapshots(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_demo_run_is_identical_without_the_round_shortcuts(monkeypatch: pytest.MonkeyPatch) -> None:
     """The demo (pods arriving in waves, nodes launched, drained and deleted, spot interruptions) takes the idle,
     covered and open-batch shortcuts many times and decides exactly as without them and the kept Nodes."""
-    gates: list[object] = []
-    real_gate = gate_scale_up
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        verdict = real_gate(*args, **kwargs)
-        gates.append(verdict.gate)
-        return verdict
-
-    monkeypatch.setattr(scaleup, "gate_scale_up", counting)
+    gates = _count_gates(monkeypatch)
     kept = scaleup.ScaleUpSteps._in_flight
     reused: list[bool] = []
 
