@@ -38,14 +38,14 @@ class World:
         self.cloud = SimCloud(self.eng, CAT, FIXED_CLOUD, listener=self.cluster)
         self.choose_calls = 0
         if not memo:  # every known shape looks as if it might fit: each pending pod is tried in full
-            self.cluster._fits_any = lambda req, sig, rows: True  # type: ignore[method-assign]
-        choose = self.cluster._choose
+            self.cluster.scheduler._fits_any = lambda req, sig, rows: True  # type: ignore[method-assign]
+        choose = self.cluster.scheduler._choose
 
         def counted(sp: object) -> int | None:
             self.choose_calls += 1
             return choose(sp)  # type: ignore[arg-type]
 
-        self.cluster._choose = counted  # type: ignore[method-assign]
+        self.cluster.scheduler._choose = counted  # type: ignore[method-assign]
         self.n = 0
 
     def apply(self, op: tuple[str, int, int]) -> None:

@@ -24,7 +24,8 @@ is not ready; cordoned nodes and nodes whose GPUs failed to initialise do not co
 their template allocatable, labels and taints), with the same predicates and per-GPU accounting as the scheduler.
 
 Its records (knobs, counters, nodes, pods, what-if templates and cursors) are in :mod:`gpuscale.sim.cluster_records`,
-its scheduling pass and failure memo in :mod:`gpuscale.sim.schedule`.
+its scheduling pass and failure memo in :mod:`gpuscale.sim.schedule` (a :class:`~gpuscale.sim.schedule.Scheduler` it
+holds and tells what changed).
 """
 
 from __future__ import annotations
@@ -60,10 +61,10 @@ from gpuscale.sim.cluster_records import (
 )
 from gpuscale.sim.engine import Engine, Timer, stream
 from gpuscale.sim.firstfit import first_fit
-from gpuscale.sim.schedule import SchedulePass
+from gpuscale.sim.schedule import Scheduler
 
 
-class SimCluster(SchedulePass):
+class SimCluster:
     """The simulated cluster. Implements ``ClusterBackend`` plus the hooks the simulated cloud and workloads use."""
 
     def __init__(
@@ -114,7 +115,7 @@ class SimCluster(SchedulePass):
         self._gpr_workloads: dict[str, Mapping[str, str]] = {}
         """Active GPRs' workload selectors: their nodes take only matching pods (:func:`set_gpr_workload`)."""
         self._sig_pod: dict[tuple[object, ...], Pod] = {}
-        self._init_schedule_memo()
+        self.scheduler = Scheduler(self._pending, self._state, self._scorer, self._masks, self._mask, self._bind)
         self._sched_timer: Timer | None = None
         self._seq = 0
         self._gpu_s_closed = 0.0
@@ -160,6 +161,7 @@ class SimCluster(SchedulePass):
         new.names[:n_old] = old.names
         assert new.models == old.models
         self._state = new
+        self.scheduler.use_state(new)
         for sig, mask in self._masks.items():
             grown = np.zeros(len(new), dtype=bool)
             grown[:n_old] = mask
@@ -230,7 +232,7 @@ class SimCluster(SchedulePass):
 
     def _node_changed(self, sn: SimNode, *, more_room: bool) -> None:
         sn.cache = None
-        self._grown.add(sn.slot)
+        self.scheduler.row_grew(sn.slot)
         for sig, mask in self._masks.items():
             mask[sn.slot] = self._static_ok(sig, sn)
         self.version += 1
@@ -239,7 +241,7 @@ class SimCluster(SchedulePass):
             self._capacity_grew()
 
     def _capacity_grew(self) -> None:
-        self._cap_gen += 1
+        self.scheduler.capacity_grew()
         self._wake_scheduler()
 
     def _wake_scheduler(self) -> None:
@@ -334,12 +336,12 @@ class SimCluster(SchedulePass):
             now,
             self.behaviour.busy if gpu_util is None else gpu_util,
         )
-        sp.fkey = self._fkeys.setdefault((sp.pod.request, sp.sig), len(self._fkeys))
+        sp.fkey = self.scheduler.fkey(sp.pod.request, sp.sig)
         self._pods[pod.key] = sp
         self._pod_objs[pod.key] = sp.pod
         self._pending[pod.key] = sp
         self._pending_gpu_milli += _gpu_milli(sp.pod)
-        self._new_pending.add(pod.key)
+        self.scheduler.pod_pending(pod.key)
         self.counters.pods_arrived += 1
         if deadline is not None:
             sp.deadline = self.engine.at(deadline, self._cancel, sp)
@@ -352,16 +354,20 @@ class SimCluster(SchedulePass):
             return
         del self._pending[key]
         self._pending_gpu_milli -= _gpu_milli(sp.pod)
-        self._new_pending.discard(key)
+        self.scheduler.pod_gone(key)
         del self._pods[key], self._pod_objs[key]
         self._cancel_samples.append(self.engine.now() - sp.pending_since)
         self.counters.pods_cancelled += 1
         self.version += 1
 
     # ------------------------------------------------------------------------------------------- scheduler
+    def schedule(self) -> int:
+        """Bind every pending pod that fits now (:meth:`Scheduler.schedule`); returns the number bound."""
+        return self.scheduler.schedule()
+
     def _run_scheduler(self) -> None:
         self._sched_timer = None
-        self.schedule()
+        self.scheduler.schedule()
 
     def _bind(self, sp: SimPod, slot: int, placement: Placement | None = None) -> None:
         sn = self._slots[slot]
@@ -393,7 +399,7 @@ class SimCluster(SchedulePass):
         now = self.engine.now()
         req = sp.pod.request
         self._state.release(req, sp.placement)
-        self._grown.add(sn.slot)
+        self.scheduler.row_grew(sn.slot)
         sn.pods.discard(sp.pod.key)
         sn.gpu_busy -= demand(req) * sp.gpu_util
         if not sn.pods:
@@ -420,7 +426,7 @@ class SimCluster(SchedulePass):
         sp.pending_since = self.engine.now()
         self._pending[sp.pod.key] = sp
         self._pending_gpu_milli += _gpu_milli(sp.pod)
-        self._new_pending.add(sp.pod.key)
+        self.scheduler.pod_pending(sp.pod.key)
         self.counters.disruptions += 1
         if by_controller and do_not_disrupt(sp.pod):
             self.counters.do_not_disrupt_violations += 1

@@ -1,13 +1,18 @@
-"""The simulated cluster's scheduling pass and its memo of pod shapes that fit nowhere
-(a mixin of :class:`gpuscale.sim.cluster.SimCluster`, which owns the nodes, the pods and binding).
+"""The simulated cluster's scheduling pass and its memo of pod shapes that fit nowhere.
 
-A pass takes every pending pod when capacity grew since the last pass (``_cap_gen``), else only the pods that became
-pending since; higher priority first, then first come first served; gangs all-or-nothing. A (request, signature)
-pair that fitted no row in the last pass is tried again only if it fits one of the rows that grew since (``_grown``):
-binds only take room.
+:class:`Scheduler` is held by :class:`gpuscale.sim.cluster.SimCluster` (which owns the nodes, the pods, the label/taint
+masks and binding) and is given what it reads from the cluster explicitly: the pending pods, the cluster state, the
+scorer, the masks, a mask function and a bind callable. It owns its memo; the cluster tells it what changed through
+named methods (:meth:`Scheduler.pod_pending`, :meth:`Scheduler.capacity_grew`, :meth:`Scheduler.row_grew`, ...).
+
+A pass takes every pending pod when capacity grew since the last pass, else only the pods that became pending since;
+higher priority first, then first come first served; gangs all-or-nothing. A (request, signature) pair that fitted no
+row in the last pass is tried again only if it fits one of the rows that grew since: binds only take room.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -17,19 +22,38 @@ from gpuscale.core.scoring import Scorer, select
 from gpuscale.core.state import ClusterState, IntArray, Placement
 from gpuscale.sim.cluster_records import SimPod
 
+MaskFn = Callable[[tuple[object, ...], Pod], np.ndarray]
+"""(label/taint signature, a pod of it) -> the rows whose labels and taints admit it (made on first use)."""
+BindFn = Callable[[SimPod, int, "Placement | None"], None]
+"""(pending pod, row, its placement if already taken) -> None: the cluster binds the pod there."""
 
-class SchedulePass:
-    """The scheduling pass. The host provides the pending pods, the cluster state, the scorer, masks and binding."""
 
-    _pending: dict[str, SimPod]
-    _state: ClusterState
-    _scorer: Scorer
-    _masks: dict[tuple[object, ...], np.ndarray]
+class Scheduler:
+    """The scheduling pass over the cluster's pending pods, with its memo of what fitted nowhere."""
 
-    def _init_schedule_memo(self) -> None:
+    def __init__(
+        self,
+        pending: dict[str, SimPod],
+        state: ClusterState,
+        scorer: Scorer,
+        masks: dict[tuple[object, ...], np.ndarray],
+        mask: MaskFn,
+        bind: BindFn,
+    ) -> None:
+        self._pending = pending
+        """The cluster's pending pods by key (the cluster's own map: read, and emptied by ``bind``)."""
+        self._state = state
+        self._scorer = scorer
+        self._masks = masks
+        """The cluster's label/taint masks by signature (read only: a missing one means never looked for a node)."""
+        self._mask = mask
+        self._bind = bind
         self._new_pending: set[str] = set()
+        """Keys of pods that became pending since the last pass."""
         self._cap_gen = 0
+        """Bumped whenever capacity grew (the next pass takes every pending pod)."""
         self._passed_gen = -1
+        """``_cap_gen`` at the last pass."""
         self._fkeys: dict[tuple[object, ...], int] = {}
         """(request, signature) -> its number (``SimPod.fkey``), given at a pod's arrival."""
         self._failed: set[int] = set()
@@ -38,21 +62,43 @@ class SchedulePass:
         """Rows whose room or label/taint mask may have grown since the last pass (the only rows where a pair in
         ``_failed`` can fit now: binds only take room)."""
 
-    def _mask(self, sig: tuple[object, ...], pod: Pod) -> np.ndarray:
-        raise NotImplementedError  # the cluster's label/taint mask of the rows
+    # ----------------------------------------------------------------------------- what the cluster tells it
+    def use_state(self, state: ClusterState) -> None:
+        """The cluster replaced its state (grown to more rows)."""
+        self._state = state
 
-    def _bind(self, sp: SimPod, slot: int, placement: Placement | None = None) -> None:
-        raise NotImplementedError  # the cluster binds
+    def fkey(self, req: Request, sig: tuple[object, ...]) -> int:
+        """The number of the (request, signature) pair, for ``SimPod.fkey``."""
+        fkeys = self._fkeys
+        return fkeys.setdefault((req, sig), len(fkeys))
 
+    def pod_pending(self, key: str) -> None:
+        """Pod ``key`` became pending (arrived or lost its node): the next pass looks at it."""
+        self._new_pending.add(key)
+
+    def pod_gone(self, key: str) -> None:
+        """Pending pod ``key`` left without binding (cancelled)."""
+        self._new_pending.discard(key)
+
+    def row_grew(self, row: int) -> None:
+        """Row ``row`` may have gained room or admit more pods (a release, a node changed)."""
+        self._grown.add(row)
+
+    def capacity_grew(self) -> None:
+        """Capacity grew somewhere: the next pass takes every pending pod."""
+        self._cap_gen += 1
+
+    # ---------------------------------------------------------------------------------------------- the pass
     def schedule(self) -> int:
         """Bind every pending pod that fits now; returns the number bound."""
-        if not self._pending:
+        pending = self._pending
+        if not pending:
             self._new_pending.clear()
             return 0
         if self._cap_gen != self._passed_gen:
-            todo = list(self._pending.values())
+            todo = list(pending.values())
         else:
-            todo = [self._pending[k] for k in self._new_pending if k in self._pending]
+            todo = [pending[k] for k in self._new_pending if k in pending]
         self._passed_gen = self._cap_gen
         self._new_pending.clear()
         if not todo:
@@ -66,7 +112,7 @@ class SchedulePass:
         examined: set[int] = set()
         bound = 0
         for sp in todo:
-            if sp.pod.key not in self._pending:
+            if sp.pod.key not in pending:
                 continue
             if sp.pod.gang:
                 if sp.pod.gang not in gangs_seen:
@@ -84,9 +130,9 @@ class SchedulePass:
             if slot is None:
                 failed.add(fkey)
                 continue
-            self._bind(sp, slot)
+            self._bind(sp, slot, None)
             bound += 1
-        if known and self._pending:
+        if known and pending:
             self._carry_failures(known - examined, grown, failed)
         return bound
 
@@ -115,11 +161,12 @@ class SchedulePass:
 
     def _choose(self, sp: SimPod) -> int | None:
         req = sp.pod.request
-        ok = self._state.fits(req) & self._mask(sp.sig, sp.pod)
+        st = self._state
+        ok = st.fits(req) & self._mask(sp.sig, sp.pod)
         cands: IntArray = ok.nonzero()[0]  # the rows are one-dimensional
         if cands.dtype != np.int64:
             cands = cands.astype(np.int64)
-        return select(self._scorer, self._state, req, cands)
+        return select(self._scorer, st, req, cands)
 
     def _schedule_gang(self, gang: str) -> int:
         members = sorted((sp for sp in self._pending.values() if sp.pod.gang == gang), key=lambda sp: sp.seq)
@@ -128,13 +175,14 @@ class SchedulePass:
             return 0
         members = members[:size]
         taken: list[tuple[SimPod, int, Placement]] = []
+        st = self._state
         for sp in members:
             slot = self._choose(sp)
             if slot is None:
                 for m, _, pl in taken:
-                    self._state.release(m.pod.request, pl)
+                    st.release(m.pod.request, pl)
                 return 0
-            taken.append((sp, slot, self._state.place(sp.pod.request, slot)))
+            taken.append((sp, slot, st.place(sp.pod.request, slot)))
         for sp, slot, pl in taken:
             self._bind(sp, slot, pl)
         return len(taken)
