@@ -1,16 +1,23 @@
-"""The simulated scheduler's memo of pod shapes that fit nowhere gives the same bindings as trying every pod."""
+"""The simulated scheduler's memo of pod shapes that fit nowhere gives the same bindings as trying every pod; the
+Scheduler on its own, told of changes by its methods."""
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from builders import FIXED_CLOUD, OD, catalog, itype, pod, taint, tol
 from gpuscale.core.model import NodePool, Pod
+from gpuscale.core.resources import Resources
+from gpuscale.core.scoring import make_scorer
+from gpuscale.core.state import ClusterState, NodeShape, Placement
 from gpuscale.providers.base import LaunchRequest
 from gpuscale.sim.cloud import SimCloud
 from gpuscale.sim.cluster import SimCluster
+from gpuscale.sim.cluster_records import SimPod
 from gpuscale.sim.engine import Engine
+from gpuscale.sim.schedule import Scheduler
 
 CAT = catalog(
     itype("cpu-4", 4, 16, price=0.2),
@@ -163,3 +170,69 @@ def test_the_pod_list_kept_at_every_change_is_the_pods_in_order() -> None:
     assert "never" not in seen and len(seen) < 6 and any(not bound for _, bound in seen.values())
     w.eng.run_until(w.eng.now() + 3600.0)
     check()
+
+
+class Host:
+    """What a cluster gives its Scheduler, kept by hand: two CPU rows (1 and 4 cores), pending pods, masks, binds."""
+
+    def __init__(self) -> None:
+        self.state = ClusterState([NodeShape("small", Resources(1000, 4096)), NodeShape("big", Resources(4000, 4096))])
+        self.pending: dict[str, SimPod] = {}
+        self.masks: dict[tuple[object, ...], np.ndarray] = {}
+        self.bound: list[tuple[str, int]] = []
+        self.looked = 0  # searches for a node (each asks for the pod's mask)
+        self.sched = Scheduler(self.pending, self.state, make_scorer("best-fit"), self.masks, self.mask, self.bind)
+
+    def mask(self, sig: tuple[object, ...], p: Pod) -> np.ndarray:
+        self.looked += 1
+        return self.masks.setdefault(sig, np.ones(len(self.state), dtype=bool))
+
+    def bind(self, sp: SimPod, row: int, placement: Placement | None) -> None:
+        sp.placement = placement if placement is not None else self.state.place(sp.pod.request, row)
+        del self.pending[sp.pod.key]
+        self.bound.append((sp.pod.name, row))
+
+    def add(self, name: str, cpu: int) -> SimPod:
+        sp = SimPod(pod(name, cpu=cpu, mem=512), 60.0, len(self.pending) + len(self.bound), 0.0, 1.0)
+        sp.fkey = self.sched.fkey(sp.pod.request, sp.sig)
+        self.pending[sp.pod.key] = sp
+        self.sched.pod_pending(sp.pod.key)
+        return sp
+
+
+def test_the_scheduler_owns_its_memo_and_learns_changes_by_its_methods() -> None:
+    h = Host()
+    filler = h.add("filler", 4000)
+    assert h.sched.schedule() == 1 and h.bound == [("filler", 1)]
+    big = h.add("big", 3000)
+    assert h.sched.schedule() == 0 and h.looked == 2  # fits nowhere: remembered
+    assert h.add("twin", 3000).fkey == big.fkey
+    h.add("small", 500)
+    assert h.sched.schedule() == 1 and h.bound[-1] == ("small", 0)
+    assert h.looked == 3  # a pass of the new pods only: the twin shares big's failure, small is looked for
+    h.sched.capacity_grew()  # room grew, but in no row the scheduler was told of: the known failure stands
+    assert h.sched.schedule() == 0 and h.looked == 3
+    assert filler.placement is not None
+    h.state.release(filler.pod.request, filler.placement)
+    h.sched.row_grew(1)
+    h.sched.capacity_grew()
+    assert h.sched.schedule() == 1 and h.bound[-1] == ("big", 1)
+    assert h.looked == 4  # the twin, the same pair, fits none of the rows that grew now that big took row 1
+    assert list(h.pending) == ["default/twin"]
+    h.sched.pod_gone("default/twin")
+    del h.pending["default/twin"]
+    assert h.sched.schedule() == 0
+
+
+def test_a_cluster_grown_past_its_first_rows_schedules_on_the_new_ones() -> None:
+    w = World(memo=True)
+    first = len(w.cluster._state)
+    for _ in range(first // 2 + 2):
+        w.apply(("launch", 3, 1))  # two cpu-4 nodes each
+    w.eng.run_until(w.eng.now() + 600.0)
+    assert len(w.cluster._state) > first and len(w.cluster.list_nodes()) > first
+    for i in range(len(w.cluster.list_nodes())):
+        w.cluster.add_pod(pod(f"c{i}", cpu=3000, mem=1024), 1000.0)
+    w.eng.run_until(w.eng.now())
+    assert all(p.node_name is not None for p in w.cluster.list_pods())
+    assert len({p.node_name for p in w.cluster.list_pods()}) == len(w.cluster.list_nodes())
