@@ -564,22 +564,11 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
         else:
             yield b""
             since = int(start)
-            if since < self._oldest:
-                yield {
-                    "type": "ERROR",
-                    "object": {
-                        "kind": "Status",
-                        "apiVersion": "v1",
-                        "metadata": {},
-                        "status": "Failure",
-                        "message": f"too old resource version: {since} ({self._oldest})",
-                        "reason": "Expired",
-                        "code": 410,
-                    },
-                }
-                return
         cond = self._cond()
         while True:
+            if since < self._oldest:  # history this watch still needs is gone (compacted, or trimmed while it lagged)
+                yield self._expired(since)
+                return
             first = bisect.bisect_right(self._log, since, key=lambda e: e[0])
             for rv, k, t, o in self._log[first:]:
                 since = rv
@@ -594,6 +583,21 @@ class KubeAPIEmulator(kmock.KubernetesScaffold):
                 if self._last_rv <= since and epoch == self._watch_epoch:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(cond.wait(), timeout=left if left is not None else 1.0)
+
+    def _expired(self, since: int) -> Obj:
+        """The watch ``ERROR`` event of a resourceVersion older than the history kept (410 Expired)."""
+        return {
+            "type": "ERROR",
+            "object": {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Failure",
+                "message": f"too old resource version: {since} ({self._oldest})",
+                "reason": "Expired",
+                "code": 410,
+            },
+        }
 
 
 def _rkey(rt: ResourceType) -> str:
