@@ -22,7 +22,6 @@ restart a pod already bound may be older than ``maxPodAge``, so it is not young.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gpuscale.controller.config import ControllerConfig
@@ -108,11 +107,8 @@ def cordon_spot_swaps(ctrl: Controller, w: World) -> None:
     replacement is ready resumes the cordoned node as draining; one whose replacement fails is uncordoned."""
     for old, (_, action) in ctrl.replacements.by_old.items():
         node = w.nodes.get(old)
-        if node is None or node.unschedulable or not is_spot_swap(action, node):
-            continue
-        ctrl.replacements.cordoned.add(old)
-        ctrl.backend.cordon(old)
-        w.nodes[old] = replace(node, unschedulable=True)
+        if node is not None and is_spot_swap(action, node):
+            ctrl._cordon_replaced(old, w)
 
 
 def in_flight(ctrl: Controller) -> dict[str, InFlight]:

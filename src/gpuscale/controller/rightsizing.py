@@ -14,7 +14,7 @@ for longer than ``maxPodAge``, so its node is not right-sized (until its pods ar
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpuscale.controller.shell import ReconcileResult, World
@@ -83,14 +83,7 @@ class Rightsizing:
             return
         rids = tuple(k for k, c in ctrl.claims.items() if c.replaces == action.node and k not in before and c.alive)
         ctrl.replacements.start(action.node, rids, action)
-        # cordoned now, so that no pod lands on it while its replacement boots (the replacement holds only its pods);
-        # recorded, so that it is uncordoned if the replacement fails (a node cordoned by someone else stays so)
-        node = w.nodes.get(action.node)
-        if node is None or not node.unschedulable:
-            ctrl.replacements.cordoned.add(action.node)
-        ctrl.backend.cordon(action.node)
-        if node is not None:
-            w.nodes[action.node] = replace(node, unschedulable=True)
+        ctrl._cordon_replaced(action.node, w)
         result.launched += 1 if outcome is Outcome.OK else 0
         result.disrupted += 1
         self.stats.replaced += 1

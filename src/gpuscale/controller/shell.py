@@ -192,6 +192,16 @@ class ShellBase:
         if d.replan:
             self.scaleup.request_plan()
 
+    def _cordon_replaced(self, node_name: str, w: World) -> None:
+        """Cordon a listed, schedulable node whose replacement (``rightsize``, ``spotToSpot``) starts, so that no pod
+        lands on it while the replacement (room for its own pods only) boots, and record it as cordoned by gpuscale
+        (uncordoned if the replacement fails; a node already cordoned, by anyone, is left as it is)."""
+        node = w.nodes.get(node_name)
+        if node is None or node.unschedulable:
+            return
+        self.replacements.cordoned.add(node_name)
+        self._apply_action(Cordon(node_name), w)
+
     def _apply_action(self, a: Action, w: World) -> None:
         """Carry out one action of a decision record."""
         now = w.now
