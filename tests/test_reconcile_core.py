@@ -537,3 +537,13 @@ def test_orphan_step_waits_out_the_grace_period() -> None:
     assert first.remove == [] and first.since == {"a": 100.0}
     later = orphan_step(labelled.values(), claims, lambda n: n == "b", {"listed"}, first.since, 30.0, 130.0)
     assert later.remove == [RemoveOrphan("a", "gone")] and later.since == {}
+
+
+def test_capped_backoff_doubles_from_the_base_up_to_the_cap_and_never_overflows() -> None:
+    from gpuscale.core.reconcile import capped_backoff_s
+
+    assert [capped_backoff_s(n, 1.0, 60.0) for n in (0, 1, 2, 3, 6, 7, 8)] == [1.0, 1.0, 2.0, 4.0, 32.0, 60.0, 60.0]
+    assert capped_backoff_s(3, 2.5, 1e9) == 10.0
+    # a failure count past a float's exponent (an API server down for days at 60 s retries) stays at the cap
+    assert capped_backoff_s(2_000, 1.0, 60.0) == 60.0
+    assert capped_backoff_s(10**6, 3.0, 3600.0) == 3600.0

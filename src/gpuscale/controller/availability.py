@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from gpuscale.core.model import CapacityType, OfferingKey
+from gpuscale.core.reconcile.launching import capped_backoff_s
 
 
 class MarkKind(StrEnum):
@@ -202,7 +203,7 @@ class Availability:
         failure when ``exponential``, capped at ``max_s``)."""
         prev = self._backoffs.get(pool)
         failures = (prev.failures + 1) if prev is not None else 1
-        delay = min(max_s, base_s * (2 ** (failures - 1) if exponential else 1))
+        delay = capped_backoff_s(failures, base_s, max_s) if exponential else min(max_s, base_s)
         self._backoffs[pool] = Backoff(now + delay, failures)
         self.store.put(Mark(MarkKind.BACKOFF, pool, now + delay, failures, reason))
         return delay

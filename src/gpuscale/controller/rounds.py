@@ -22,6 +22,7 @@ from gpuscale.controller.batching import PendingBatch
 from gpuscale.controller.consolidation import Mismatch
 from gpuscale.core.disruption import DisruptionAction
 from gpuscale.core.model import Node, Pod
+from gpuscale.core.reconcile.launching import capped_backoff_s
 from gpuscale.core.reconcile.scaleup import (
     Gate,
     PlanFn,
@@ -238,7 +239,7 @@ class Replacements:
         node is still seen unschedulable (a failed request is only logged by the backend)."""
         n = self.uncordon_sent.get(node, 0) + 1
         self.uncordon_sent[node] = n
-        self.uncordon_due[node] = now + min(UNCORDON_RETRY_MAX_S, UNCORDON_RETRY_MIN_S * 2 ** (n - 1))
+        self.uncordon_due[node] = now + capped_backoff_s(n, UNCORDON_RETRY_MIN_S, UNCORDON_RETRY_MAX_S)
 
     def uncordon_settled(self, node: str) -> None:
         """``node`` is seen schedulable (or gone, or leaving): no uncordon is sent again."""

@@ -42,6 +42,7 @@ from gpuscale.clock import Clock
 from gpuscale.controller.backend import Event
 from gpuscale.core.nodeclaim import ClaimPhase, NodeClaim
 from gpuscale.core.reconcile.claims import Restored, restore_claims
+from gpuscale.core.reconcile.launching import capped_backoff_s
 from gpuscale.core.reconcile.records import Fleet
 from gpuscale.errors import ProviderError
 from gpuscale.kube.cache import GPUNodeClaim, KubeCache
@@ -300,7 +301,7 @@ class NodeClaimWriter:
             with self._lock:
                 n = self._failures.get(key, 0) + 1
                 self._failures[key] = n
-                self._retry_at[key] = self.clock.now() + min(RETRY_MAX_S, RETRY_MIN_S * 2 ** (n - 1))
+                self._retry_at[key] = self.clock.now() + capped_backoff_s(n, RETRY_MIN_S, RETRY_MAX_S)
                 self._running.discard(key)
                 self._dirty.add(key)
                 self.failed += 1

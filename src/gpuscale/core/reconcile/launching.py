@@ -184,6 +184,12 @@ def judge_launch_error(
     return LaunchVerdict(Outcome.RETRY, tuple(acts))
 
 
+def capped_backoff_s(failures: int, base_s: float, max_s: float) -> float:
+    """The delay after the ``failures``-th consecutive failure: ``base_s`` doubled for each failure after the first,
+    at most ``max_s`` (the exponent is bounded, so a very long run of failures cannot overflow a float)."""
+    return min(max_s, base_s * 2.0 ** min(max(1, failures) - 1, 1023))
+
+
 def retry_delay(exc: ProviderError, attempts: int, rules: LaunchRules) -> float:
     """The delay before the next try of an operation (a delete) that failed ``attempts`` times, the last with
     ``exc``: the policy's delay for ``after``, else base x 2^(attempts-1) capped at ``max_backoff_s``."""
@@ -191,7 +197,7 @@ def retry_delay(exc: ProviderError, attempts: int, rules: LaunchRules) -> float:
     if policy.kind is RetryKind.AFTER:
         return policy.delay_s
     base = rules.retry_base_s if rules.retry_base_s is not None else max(policy.delay_s, 1.0)
-    return min(rules.max_backoff_s, base * 2.0 ** (max(1, attempts) - 1))
+    return capped_backoff_s(attempts, base, rules.max_backoff_s)
 
 
 def next_try_in(exc: ProviderError, attempts: int, rules: LaunchRules) -> float | None:
