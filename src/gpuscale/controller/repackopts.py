@@ -7,9 +7,11 @@ given) from a scenario's ``policy`` mapping (see :meth:`gpuscale.controller.conf
   pods of underutilised nodes.
 * ``spotToSpot: true`` (or ``{maxPodAge: 1h}``: only nodes whose pods are all that young; ``false``/``null``: off):
   a kept spot node may be replaced by a cheaper spot node.
-* ``rightsize: {minPodAge: 5m, maxPodAge: 1h, minSaving: 0.2, horizon: 1h, coldStart: 200s}`` (every key optional;
-  ``true``: all defaults; ``false``/``null``: off): a node whose pods are all young is replaced by the cheapest node
-  of its pool and capacity type that takes them (:mod:`gpuscale.core.disruption.rightsize`).
+* ``rightsize: {minPodAge: 5m, maxPodAge: 1h, minSaving: 0.2, horizon: 1h, coldStart: 200s, maxSet: 1}`` (every
+  key optional; ``true``: all defaults; ``false``/``null``: off): a node whose pods are all young is replaced by the
+  cheapest node of its pool and capacity type that takes them (:mod:`gpuscale.core.disruption.rightsize`); with
+  ``maxSet`` 2-8, sets of up to that many such nodes are also replaced together by fewer or cheaper nodes
+  (:mod:`gpuscale.core.disruption.rightsize_multi`).
 """
 
 from __future__ import annotations
@@ -56,7 +58,9 @@ def spot_to_spot(value: object, where: str) -> SpotSwapRule | None:
     )
 
 
-RIGHTSIZE_KEYS = ("minPodAge", "maxPodAge", "minSaving", "horizon", "coldStart")
+RIGHTSIZE_KEYS = ("minPodAge", "maxPodAge", "minSaving", "horizon", "coldStart", "maxSet")
+MAX_SET = 8
+"""The largest ``rightsize.maxSet`` accepted (the set search grows sets node by node)."""
 
 
 def rightsize(value: object, where: str) -> RightsizeRule | None:
@@ -87,6 +91,13 @@ def rightsize(value: object, where: str) -> RightsizeRule | None:
         if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1:
             raise InputError("must be a number from 0 to below 1", where=f"{where}.minSaving", value=v, fix="e.g. 0.2")
         kw["min_saving"] = float(v)
+    if "maxSet" in value:
+        v = value["maxSet"]
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_SET:
+            raise InputError(
+                f"must be an integer from 1 to {MAX_SET}", where=f"{where}.maxSet", value=v, fix="e.g. 4 (1: one node)"
+            )
+        kw["max_set"] = v
     rule = RightsizeRule(**kw)
     if rule.min_pod_age_s > rule.max_pod_age_s:
         lo, hi = f"{rule.min_pod_age_s:g}s", f"{rule.max_pod_age_s:g}s"

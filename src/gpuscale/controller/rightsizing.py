@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from gpuscale.controller.shell import ReconcileResult, World
 from gpuscale.core.disruption.rightsize import RightsizeRule, next_look, rightsize
+from gpuscale.core.disruption.rightsize_multi import SetReplacement, replace_set
 from gpuscale.core.reconcile import EventKind, Outcome
 
 if TYPE_CHECKING:
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 
 REASON = "ReplaceRightsize"
 """The launch reason of a right-sizing replacement."""
+SET_REASON = "ReplaceRightsizeSet"
+"""The launch reason of the new nodes of a set replacement (``maxSet``)."""
 
 
 @dataclass
@@ -35,6 +38,8 @@ class RightsizeStats:
     replaced: int = 0
     saving_per_hour: float = 0.0
     """$/h saved at the time of each replacement, summed."""
+    sets: int = 0
+    """Set replacements started (``maxSet``; their nodes are counted in ``replaced``)."""
 
 
 class Rightsizing:
@@ -69,6 +74,22 @@ class Rightsizing:
             w.pdbs,
         )
         if action is None:
+            if self.rule.max_set >= 2:
+                found_set = replace_set(
+                    inputs.nodes,
+                    inputs.pods,
+                    eligible,
+                    ctrl.pools,
+                    ctrl.catalog,
+                    w.now,
+                    inputs.unavailable,
+                    self.rule,
+                    started,
+                    disrupting,
+                    w.pdbs,
+                )
+                if found_set is not None:
+                    self._start_set(ctrl, w, result, found_set)
             return
         found = ctrl._claim_by_node_name(action.node)
         if found is None:
@@ -98,3 +119,59 @@ class Rightsizing:
             pool=action.pool,
             savingsPerHour=round(action.savings_per_hour, 6),
         )
+
+    def _start_set(self, ctrl: Controller, w: World, result: ReconcileResult, s: SetReplacement) -> None:
+        """Launch the new nodes of a set replacement (request ids derived from the set and each new node, so a
+        restarted controller asking again gets the same nodes), then cordon the old nodes; each old node drains once
+        all the new nodes are ready, and is kept and uncordoned if one of them fails. If a launch is refused, the old
+        nodes are left as they are (new nodes already launched are spare, and go as empty nodes)."""
+        if any(ctrl._claim_by_node_name(n) is None for n in s.nodes):
+            return
+        anchor = s.nodes[0]
+        before = {k for k, c in ctrl.claims.items() if c.replaces == anchor}
+        outcomes = []
+        for i, r in enumerate(s.replacements):
+            seed = ("rightsize-set", *s.nodes, r.pool, r.instance_type, r.zone, str(r.capacity_type), str(i))
+            outcome = ctrl._launch_new(
+                seed,
+                r.pool,
+                r.instance_type,
+                r.zone,
+                r.capacity_type,
+                w,
+                pods=r.pods,
+                replaces=anchor,
+                reason=SET_REASON,
+            )
+            outcomes.append(outcome)
+            if outcome not in (Outcome.OK, Outcome.RETRY):
+                break
+        rids = tuple(k for k, c in ctrl.claims.items() if c.replaces == anchor and k not in before and c.alive)
+        result.launched += sum(1 for o in outcomes if o is Outcome.OK)
+        if len(outcomes) < len(s.replacements) or any(o not in (Outcome.OK, Outcome.RETRY) for o in outcomes):
+            if rids:
+                ctrl._record(
+                    w.now,
+                    EventKind.REPLACE_ABORTED,
+                    f"node/{anchor}",
+                    "ReplacementFailed",
+                    f"only {len(rids)} of {len(s.replacements)} nodes of a rightsize set launched; nodes kept",
+                )
+            return
+        for action in s.actions:
+            ctrl.replacements.start(action.node, rids, action)
+            ctrl._cordon_replaced(action.node, w)
+            result.disrupted += 1
+            ctrl._record(
+                w.now,
+                EventKind.CONSOLIDATE,
+                f"node/{action.node}",
+                str(action.reason),
+                action.message,
+                action="Replace",
+                pool=action.pool,
+                savingsPerHour=round(action.savings_per_hour, 6),
+            )
+        self.stats.replaced += len(s.nodes)
+        self.stats.sets += 1
+        self.stats.saving_per_hour += s.saving_per_hour

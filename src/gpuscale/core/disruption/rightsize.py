@@ -51,6 +51,9 @@ class RightsizeRule:
     min_saving: float = 0.2
     horizon_s: float = 3600.0
     cold_start_s: float = 200.0
+    max_set: int = 1
+    """Replace sets of up to this many nodes together (:mod:`gpuscale.core.disruption.rightsize_multi`); 1: one
+    node at a time only."""
 
 
 def pod_ages(pods: Sequence[Pod], started: Mapping[str, float], now: float) -> list[float] | None:
@@ -90,6 +93,70 @@ def pays(price: float, new_price: float, share: float, ages: Sequence[float], ru
     return (price - new_price) * rule.horizon_s / 3600.0 > lost + boot
 
 
+@dataclass(frozen=True, slots=True)
+class Movable:
+    """A node whose workload pods may all be moved now (see :func:`movable_nodes`)."""
+
+    node: Node
+    pool: NodePool
+    pods: list[Pod]
+    ages: list[float]
+    price: float
+    share: float
+    """What the pods request of the node (:func:`~gpuscale.core.disruption.candidates.request_share`)."""
+
+
+def movable_nodes(
+    nodes: Sequence[Node],
+    pods: Sequence[Pod],
+    eligible: Collection[str],
+    pools: Mapping[str, NodePool],
+    catalog: Catalog,
+    now: float,
+    rule: RightsizeRule,
+    started: Mapping[str, float],
+    disrupting: Collection[str],
+    pdbs: Sequence[PodDisruptionBudget] = (),
+) -> tuple[list[Movable], dict[str, int], dict[str, int | None]]:
+    """The ``eligible`` nodes with workload pods all bound between ``min_pod_age_s`` and ``max_pod_age_s`` ago and
+    no blocker (see the module docstring), in the given order; the nodes per pool; the disruptions each pool's
+    budget still allows (None: unlimited)."""
+    by_node: dict[str, list[Pod]] = {}
+    for p in pods:
+        if p.node_name is not None and not p.is_daemonset and p.phase in ("Running", "Pending", ""):
+            by_node.setdefault(p.node_name, []).append(p)
+    totals: dict[str, int] = {}
+    leaving: dict[str, int] = {}
+    for n in nodes:
+        if n.pool is not None:
+            totals[n.pool] = totals.get(n.pool, 0) + 1
+            if n.name in disrupting:
+                leaving[n.pool] = leaving.get(n.pool, 0) + 1
+    allowed: dict[str, int | None] = {}
+    out: list[Movable] = []
+    for n in nodes:
+        wl = by_node.get(n.name)
+        pool = pools.get(n.pool) if n.pool is not None else None
+        if not wl or pool is None or n.name not in eligible or n.name in disrupting or n.unschedulable:
+            continue
+        if pool.limits.bounded or (pool.max_nodes is not None and totals.get(pool.name, 0) + 1 > pool.max_nodes):
+            continue
+        ages = pod_ages(wl, started, now)
+        if ages is None or min(ages) < rule.min_pod_age_s or max(ages) > rule.max_pod_age_s:
+            continue
+        if any(do_not_disrupt(p) for p in wl) or any(b.matches(p) for b in pdbs for p in wl):
+            continue
+        if pool.name not in allowed:
+            allowed[pool.name] = allowed_disruptions(
+                pool, REASON, totals.get(pool.name, 0), leaving.get(pool.name, 0), now
+            ).allowed
+        budget = allowed[pool.name]
+        if budget is not None and budget <= 0:
+            continue
+        out.append(Movable(n, pool, wl, ages, node_price(n, catalog), request_share(n, wl)))
+    return out, totals, allowed
+
+
 def rightsize(
     nodes: Sequence[Node],
     pods: Sequence[Pod],
@@ -105,36 +172,12 @@ def rightsize(
 ) -> DisruptionAction | None:
     """The replacement of the ``eligible`` node that saves the most $/h and pays (see the module docstring), or None.
     ``disrupting``: nodes being disrupted (not eligible; they count against the budgets)."""
-    by_node: dict[str, list[Pod]] = {}
-    for p in pods:
-        if p.node_name is not None and not p.is_daemonset and p.phase in ("Running", "Pending", ""):
-            by_node.setdefault(p.node_name, []).append(p)
-    totals: dict[str, int] = {}
-    leaving: dict[str, int] = {}
-    for n in nodes:
-        if n.pool is not None:
-            totals[n.pool] = totals.get(n.pool, 0) + 1
-            if n.name in disrupting:
-                leaving[n.pool] = leaving.get(n.pool, 0) + 1
+    movable, _, _ = movable_nodes(nodes, pods, eligible, pools, catalog, now, rule, started, disrupting, pdbs)
     best: tuple[float, DisruptionAction] | None = None
-    for n in nodes:
-        wl = by_node.get(n.name)
-        pool = pools.get(n.pool) if n.pool is not None else None
-        if not wl or pool is None or n.name not in eligible or n.name in disrupting or n.unschedulable:
-            continue
-        if pool.limits.bounded or (pool.max_nodes is not None and totals.get(pool.name, 0) + 1 > pool.max_nodes):
-            continue
-        ages = pod_ages(wl, started, now)
-        if ages is None or min(ages) < rule.min_pod_age_s or max(ages) > rule.max_pod_age_s:
-            continue
-        if any(do_not_disrupt(p) for p in wl) or any(b.matches(p) for b in pdbs for p in wl):
-            continue
-        allowed = allowed_disruptions(pool, REASON, totals.get(pool.name, 0), leaving.get(pool.name, 0), now).allowed
-        if allowed is not None and allowed <= 0:
-            continue
+    for m in movable:
+        n, pool, wl, ages, price = m.node, m.pool, m.pods, m.ages, m.price
         r = cheapest_fit(n, pool, wl, catalog, now, unavailable)
-        price = node_price(n, catalog)
-        if r is None or not pays(price, r.hourly_price, request_share(n, wl), ages, rule):
+        if r is None or not pays(price, r.hourly_price, m.share, ages, rule):
             continue
         saving = price - r.hourly_price
         if best is None or saving > best[0]:
