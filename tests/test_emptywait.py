@@ -16,15 +16,20 @@ from gpuscale.controller.shell import World
 from gpuscale.core import labels as L
 from gpuscale.core.emptywait import (
     DAY_S,
+    EVIDENCE_PRIOR_H,
     LEARN_MEMORY_S,
+    NEEDY_S,
     EmptyWait,
     EmptyWaitSpec,
     Outcomes,
+    Released,
     Shape,
     empty_wait,
+    evidence_rate,
     fits,
     landing_rate,
     pod_saving,
+    settle_released,
 )
 from gpuscale.core.model import CapacityType, Disruption, NodePool, Pod
 from gpuscale.core.nodeclaim import ClaimPhase, NodeClaim
@@ -224,6 +229,118 @@ def test_the_controller_counts_hours_kept_and_landings_per_shape() -> None:
     assert ew.outcomes[("gpu", "g1")] == pytest.approx(Outcomes(kept_h=f + 0.5, landings=f))
 
 
+# ------------------------------------------------------------------------------------------------ learnReleased
+G1 = ("gpu", "g1")
+G8 = ("gpu", "g8")
+
+
+def released(node: str, start: float, shape: Shape = ONE, kind: tuple[str, str] = G1) -> Released:
+    return Released(node, kind, start, shape)
+
+
+@pytest.mark.parametrize(
+    ("episodes", "needy", "now", "closed", "still"),
+    [
+        # a needy 1-GPU pod 10 minutes after the node was let go: a landing after 600 s
+        ([released("a", 0.0)], [(600.0, pod("p", gpus=1))], 700.0, [(G1, 600.0, True)], []),
+        # none came: open until max wait + settle (1800 + 60 s), then closed after the max wait without a landing
+        ([released("a", 0.0)], [], 1860.0, [], ["a"]),
+        ([released("a", 0.0)], [], 1861.0, [(G1, 1800.0, False)], []),
+        # a pod needy before the node was let go, or after the max wait, lands on nothing
+        ([released("a", 100.0)], [(50.0, pod("p", gpus=1)), (1950.0, pod("q", gpus=1))], 1955.0, [], ["a"]),
+        # one pod closes one episode, the oldest it fits (the 8-GPU node's); the 4-GPU pod then fits none left
+        (
+            [released("b", 200.0), released("a", 100.0), released("c", 50.0, EIGHT, G8)],
+            [(300.0, pod("p", gpus=1)), (400.0, pod("q", gpus=4))],
+            500.0,
+            [(G8, 250.0, True)],
+            ["a", "b"],
+        ),
+        ([released("a", 0.0)], [(60.0, pod("big", gpus=2))], 100.0, [], ["a"]),
+    ],
+)
+def test_released_nodes_are_settled_against_the_pods_that_had_to_wait_for_a_node(
+    episodes: list[Released],
+    needy: list[tuple[float, Pod]],
+    now: float,
+    closed: list[tuple[tuple[str, str], float, bool]],
+    still: list[str],
+) -> None:
+    left, got = settle_released(episodes, needy, now, 1800.0, 2 * NEEDY_S)
+    assert got == closed and [e.node for e in left] == still
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "rate"),
+    [
+        (Outcomes(), 0.0),  # no evidence: nothing lands
+        (Outcomes(kept_h=1.5, landings=6.0), 6.0 / (1.5 + EVIDENCE_PRIOR_H)),
+        (Outcomes(kept_h=100.0, landings=300.0), 300.0 / (100.0 + EVIDENCE_PRIOR_H)),
+    ],
+)
+def test_the_evidence_rate_is_the_landings_over_the_hours_kept_and_a_prior_of_nothing(
+    outcomes: Outcomes, rate: float
+) -> None:
+    assert evidence_rate(outcomes) == pytest.approx(rate)
+
+
+def test_with_learn_released_only_evidence_keeps_a_node() -> None:
+    # twenty 1-GPU pods in the hour: kept by the arrivals alone ($1.27/h against $0.60/h), but not without evidence
+    times, pods = arrivals(*[(100.0 * k + 50, pod(f"p{k}", gpus=1)) for k in range(20)])
+    spec = EmptyWaitSpec(max_wait_s=1800.0, window_s=3600.0, cold_start_s=380.0, learn_released=True)
+    assert spec.learns
+    none = empty_wait(times, pods, 0.0, 3600.0, ONE, spec, 1, Outcomes())
+    assert none.wait_s is None and "evidence: 0.00 pod(s)/h" in none.reason and none.until == pytest.approx(3650.0)
+    # 9.5 landings per hour kept or let go: 9.5 x $0.0633 = $0.60/h pays the $0.60/h node; 9 do not
+    per_pod = 380 / 3600 * 0.6
+    paying = empty_wait(times, pods, 0.0, 3600.0, ONE, spec, 3, Outcomes(kept_h=10.0, landings=9.5 * 10.5))
+    assert paying.wait_s == 1800.0 and paying.saving_per_hour == pytest.approx(9.5 * per_pod)  # the rank is in it
+    short = empty_wait(times, pods, 0.0, 3600.0, ONE, spec, 1, Outcomes(kept_h=10.0, landings=9.0 * 10.5))
+    assert short.wait_s is None
+    # no fitting arrival in the window: nothing to save, whatever the evidence
+    assert empty_wait([], [], 0.0, 3600.0, ONE, spec, 1, Outcomes(kept_h=1.0, landings=100.0)).wait_s is None
+
+
+def test_the_controller_learns_from_released_nodes_and_pods_that_waited_for_a_node() -> None:
+    """Released empty nodes open would-be episodes; a pod still pending ``NEEDY_S`` after first seen closes the oldest
+    it fits as a landing; a pod bound before then (it found room) closes none."""
+    spec = EmptyWaitSpec(max_wait_s=1800.0, window_s=3600.0, cold_start_s=380.0, learn_released=True)
+    ew = EmptyWaits(spec, 0.0)
+    claims = ClaimTable()
+    claims["r1"] = NodeClaim(
+        "r1", "gpu", "g1", "z1", CapacityType.ON_DEMAND, ClaimPhase.INITIALIZED, hourly_price=0.6, node_name="e"
+    )
+    e = node("e", 8000, 32768, 1, "T4")
+
+    def step(now: float, pods: list[Pod], nodes: dict[str, object]) -> None:
+        w = World(now, pods, nodes, [], [], [], {})  # type: ignore[arg-type]
+        ew.observe(w)
+        ew.decide(w, claims)
+
+    step(0.0, [], {"e": e})
+    assert ew.decisions["e"].wait_s is None and set(ew.released) == {"e"}  # no evidence: let go, episode open
+    step(10.0, [], {})  # the node is gone; its episode stays open
+    fast, slow = pod("fast", gpus=1), pod("slow", gpus=1)
+    step(100.0, [fast, slow], {})
+    step(120.0, [pod("fast", gpus=1, node="n2"), slow], {})  # fast found room
+    assert ew.outcomes == {}
+    step(140.0, [slow], {})  # slow still pending 40 s after first seen: needy, lands on e's episode after 100 s
+    assert ew.outcomes[G1] == pytest.approx(Outcomes(kept_h=100.0 / 3600.0, landings=1.0))
+    assert ew.released == {} and ew.needy == [] and ew.stats.landed == 1
+
+
+def test_a_restarted_controller_with_learn_released_keeps_nothing_until_it_has_evidence() -> None:
+    claims = ClaimTable()
+    claims["r1"] = NodeClaim(
+        "r1", "gpu", "g1", "z1", CapacityType.ON_DEMAND, ClaimPhase.INITIALIZED, hourly_price=0.6, node_name="e"
+    )
+    ew = EmptyWaits(EmptyWaitSpec(max_wait_s=1800.0, window_s=3600.0, cold_start_s=380.0, learn_released=True), 0.0)
+    arrived = [pod(f"p{k}", gpus=1) for k in range(20)]
+    ew.times, ew.pods = [100.0 * k + 50 for k in range(20)], arrived
+    got = ew.decide(World(3600.0, list(arrived), {"e": node("e", 8000, 32768, 1, "T4")}, [], [], [], {}), claims)
+    assert got["e"].wait_s is None
+
+
 # ------------------------------------------------------------------------------------------------ settings
 def test_empty_wait_parses_and_is_off_by_default() -> None:
     assert ControllerConfig.from_policy({}).empty_wait is None
@@ -234,6 +351,8 @@ def test_empty_wait_parses_and_is_off_by_default() -> None:
     )
     assert cfg.empty_wait == EmptyWaitSpec(1200.0, 7200.0, 180.0, 1.5, 7)
     assert ControllerConfig.from_policy({"emptyWait": {"learn": True}}).empty_wait == EmptyWaitSpec(learn=True)
+    released_spec = ControllerConfig.from_policy({"emptyWait": {"learnReleased": True}}).empty_wait
+    assert released_spec == EmptyWaitSpec(learn_released=True)
     assert _config({"emptyWait": True}).empty_wait is None  # the baselines ignore it
 
 
@@ -249,6 +368,7 @@ def test_empty_wait_parses_and_is_off_by_default() -> None:
         ({"margin": 0}, "policy.emptyWait.margin", "number"),
         ({"learn": "yes"}, "policy.emptyWait.learn", "true or false"),
         ({"learn": 1}, "policy.emptyWait.learn", "true or false"),
+        ({"learnReleased": "on"}, "policy.emptyWait.learnReleased", "true or false"),
         # a number of seconds is bounded as a duration string is ("99999999h": longer than 10 years)
         ({"window": 1.0e308}, "policy.emptyWait.window", "longer than 10 years"),
         ({"maxWait": 10**30}, "policy.emptyWait.maxWait", "longer than 10 years"),

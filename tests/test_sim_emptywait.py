@@ -135,3 +135,65 @@ def test_learning_keeps_the_dear_shape_less_when_its_kept_nodes_wait_long() -> N
     assert learned.report["costUsd"] < plain.report["costUsd"]
     assert learned.report["pendingP95s"] <= plain.report["pendingP95s"]
     assert learned.report["duplicateLaunches"] == 0
+
+
+RELEASED_SCENARIO = """
+name: empty-wait-released
+seed: 3
+duration: 8h
+catalog: x
+pools:
+  - name: gpu
+    disruption: {{consolidationPolicy: WhenEmptyOrUnderutilized, consolidateAfter: 0s, consolidateEmptyAfter: 0s}}
+cloud:
+  launchLatency: 40s
+  registrationLatency: 50s
+  devicePluginDelay: 90s
+workload:
+  - source: steady
+    ratePerHour: 8
+    duration: 7h
+    runtime: {{distribution: lognormal, median: 10m, sigma: 0.8}}
+    shapes:
+      - {{cpu: 4, memory: 16Gi, gpus: 1}}
+policy: {{name: gpuscale{extra}}}
+"""
+
+
+def run_released(price: float, extra: str) -> tuple[SimResult, OptionsController | None]:
+    cat = catalog(itype("g1", 8, 32, 1, "T4", price=price))
+    sc = parse_scenario(RELEASED_SCENARIO.format(extra=extra), source="r.yaml", catalog=cat)
+    built: list[OptionsController] = []
+
+    def factory(**kw: Any) -> Any:
+        c = options_controller(**kw)
+        c.gate.check = True
+        if isinstance(c, OptionsController):
+            built.append(c)
+        return c
+
+    return run_simulation(sc, factory), (built[-1] if built else None)
+
+
+def test_learning_from_released_nodes_keeps_cheap_nodes_and_leaves_dear_ones_alone() -> None:
+    """Eight 1-GPU pods an hour, short runs, every empty node deleted at once by the pool: with ``learnReleased``
+    the rule learns from the deleted nodes how soon a pod that had to wait for a node came, and keeps nodes only
+    where that pays at $1 per GPU-hour of waiting: $0.14/h nodes are kept (less waiting), $0.52/h nodes are not (the
+    run is the one without the option)."""
+    rule = ", emptyWait: {waitCostPerGpuHour: 1, learnReleased: true}"
+    cheap, c_cheap = run_released(0.14, rule)
+    cheap0, _ = run_released(0.14, "")
+    dear, c_dear = run_released(0.52, rule)
+    dear0, _ = run_released(0.52, "")
+    assert c_cheap is not None and c_cheap.empty_waits is not None and c_dear is not None
+    assert c_dear.empty_waits is not None
+    o = c_cheap.empty_waits.outcomes[("gpu", "g1")]
+    assert c_cheap.empty_waits.stats.kept > 0 and o.landings > 0
+    assert cheap.report["pendingP50s"] < cheap0.report["pendingP50s"]
+    assert cheap.report["nodesLaunched"] < cheap0.report["nodesLaunched"]
+    # the same arrivals and landings, but at $0.52/h keeping does not pay: nothing kept, the same run
+    assert c_dear.empty_waits.stats.kept == 0 and c_dear.empty_waits.outcomes[("gpu", "g1")].landings > 0
+    assert dear.report["costUsd"] == dear0.report["costUsd"]
+    assert dear.report["pendingP95s"] == dear0.report["pendingP95s"]
+    assert c_cheap.gate.mismatches == [] and c_dear.gate.mismatches == []
+    assert cheap.report["duplicateLaunches"] == 0

@@ -9,6 +9,10 @@ is now on it. Decisions read the outcomes as they were at the last *tick* (every
 controller wakes at each tick: a decision then changes only with new inputs or at a time the consolidation gate is
 told of (its cached decisions stay those of an uncached pass).
 
+With ``learnReleased`` it also records the empty nodes it lets go and the pods that had to wait for a node (still
+pending ``NEEDY_S`` after first seen), and settles the released nodes' would-be episodes against them
+(:func:`gpuscale.core.emptywait.settle_released`) into the same outcomes.
+
 The arrival history and the outcomes live in memory: after a restart they start again from nothing (empty nodes then
 wait the pool's own wait until arrivals are seen again).
 """
@@ -22,7 +26,16 @@ from dataclasses import dataclass
 
 from gpuscale.controller.claims import ClaimTable
 from gpuscale.controller.shell import World
-from gpuscale.core.emptywait import EmptyWait, EmptyWaitSpec, Outcomes, Shape, empty_wait
+from gpuscale.core.emptywait import (
+    NEEDY_S,
+    EmptyWait,
+    EmptyWaitSpec,
+    Outcomes,
+    Released,
+    Shape,
+    empty_wait,
+    settle_released,
+)
 from gpuscale.core.model import NodePool, Pod
 from gpuscale.core.nodeclaim import ClaimPhase
 
@@ -61,6 +74,12 @@ class EmptyWaits:
         self._tick_at: float | None = None
         self._kinds: dict[str, tuple[str, str]] = {}
         self._last_at: float | None = None
+        self._waiting: dict[str, tuple[float, Pod]] = {}
+        """Pods first seen pending, not yet known needy (with ``learnReleased``)."""
+        self.needy: list[tuple[float, Pod]] = []
+        """Pods that had to wait for a node, not yet settled (time first seen, pod)."""
+        self.released: dict[str, Released] = {}
+        """Released empty node -> its open would-be episode."""
 
     def observe(self, w: World) -> None:
         """Record the pods first seen this round (not daemon pods); drop arrivals older than the history needs."""
@@ -70,7 +89,17 @@ class EmptyWaits:
                 if p.key not in self._seen and not p.is_daemonset:
                     self.times.append(w.now)
                     self.pods.append(p)
+                    if self.spec.learn_released and p.pending:
+                        self._waiting[p.key] = (w.now, p)
         self._seen = keys
+        if self._waiting:
+            pending = {p.key for p in w.pods if p.pending}
+            for key, (t, p) in list(self._waiting.items()):
+                if key not in pending:
+                    del self._waiting[key]
+                elif w.now - t >= NEEDY_S:
+                    self.needy.append((t, p))
+                    del self._waiting[key]
         cut = 0
         keep_from = w.now - self.spec.history_s
         while cut < len(self.times) and self.times[cut] < keep_from:
@@ -82,7 +111,7 @@ class EmptyWaits:
     def decide(self, w: World, claims: ClaimTable) -> Mapping[str, EmptyWait]:
         """Each empty initialised node's decision this round."""
         by_node = w.by_node()
-        if self.spec.learn:
+        if self.spec.learns:
             self._learn(w, by_node)
             if self._tick_at is None or w.now >= self._tick_at:
                 self._read = dict(self.outcomes)
@@ -124,7 +153,32 @@ class EmptyWaits:
             look = min(look, d.until)
         self.decisions = out
         self.look_at = look
+        if self.spec.learn_released:
+            self._settle(w, by_node, {name: shape for _, _, name, shape in empty})
         return out
+
+    def _settle(self, w: World, by_node: Mapping[str, Sequence[Pod]], shapes: Mapping[str, Shape]) -> None:
+        """Open a would-be episode for each empty node released this round (not yet open), drop those kept, close
+        those landed on (a pod on the node) and settle the rest against the needy pods."""
+        closed: list[tuple[tuple[str, str], float, bool]] = []
+        for name, e in list(self.released.items()):
+            d = self.decisions.get(name)
+            if d is not None and d.wait_s is not None:
+                del self.released[name]  # kept: the real outcome counts
+            elif name in w.nodes and any(not p.is_daemonset for p in by_node.get(name, ())):
+                closed.append((e.kind, w.now - e.start, True))
+                del self.released[name]
+        for name, d in self.decisions.items():
+            if d.wait_s is None and name not in self.released and name in shapes:
+                self.released[name] = Released(name, self._kinds[name], w.now, shapes[name])
+        still, settled = settle_released(
+            list(self.released.values()), self.needy, w.now, self.spec.max_wait_s, 2 * NEEDY_S
+        )
+        self.needy = []  # each matched one episode or none it can ever match (later episodes start after it)
+        self.released = {e.node: e for e in still}
+        for kind, kept_s, landed in closed + settled:
+            self.stats.landed += landed
+            self.outcomes[kind] = self.outcomes.get(kind, Outcomes()).add(kept_s, landed)
 
     def _learn(self, w: World, by_node: Mapping[str, Sequence[Pod]]) -> None:
         """Add the outcomes of the nodes kept at the last step: the time since, and a landing if a pod is on one."""

@@ -7,8 +7,8 @@
   optional ``lead``, ``quantile``, ``days``, ``minDays``, ``recentWindows``, ``instanceType``,
   ``waitCostPerGpuHour``, ``coldStart``, ``launch`` (false: only keep empty nodes warm).
 * ``emptyWait: {maxWait: 30m, window: 1h, coldStart: 200s, waitCostPerGpuHour: 1, days: 0, margin: 1,
-  shareArrivals: true, learn: false}`` (every key optional; ``true``: all defaults; ``false``/``null``: off):
-  :mod:`gpuscale.core.emptywait`.
+  shareArrivals: true, learn: false, learnReleased: false}`` (every key optional; ``true``: all defaults;
+  ``false``/``null``: off): :mod:`gpuscale.core.emptywait`.
 """
 
 from __future__ import annotations
@@ -114,6 +114,7 @@ EMPTY_WAIT_KEYS = (
     "margin",
     "shareArrivals",
     "learn",
+    "learnReleased",
 )
 
 
@@ -144,7 +145,7 @@ def empty_wait(value: object, where: str) -> EmptyWaitSpec | None:
         kw["days"] = _count(value["days"], f"{where}.days", hi=366)
     if "margin" in value:
         kw["margin"] = _number(value["margin"], f"{where}.margin", lo=0.01, hi=1000.0, fix="e.g. 1")
-    for key, attr in (("shareArrivals", "share_arrivals"), ("learn", "learn")):
+    for key, attr in (("shareArrivals", "share_arrivals"), ("learn", "learn"), ("learnReleased", "learn_released")):
         if key in value:
             if not isinstance(value[key], bool):
                 raise InputError(

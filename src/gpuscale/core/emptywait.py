@@ -20,6 +20,14 @@ arrival. Shapes whose kept nodes wait long for a pod are then kept less; with no
 The decision then changes with time alone when an arrival leaves the window (``EmptyWait.until``), and when the
 caller moves on to newer outcomes.
 
+With ``learn_released`` the rule keeps nothing on the arrivals' say-so: it learns from evidence only, and also from
+the empty nodes it lets go. A released node opens a would-be episode (:class:`Released`); a pod that had to wait for
+a new node (a *needy* arrival: still pending ``NEEDY_S`` after it was first seen) and fits the episode's shape closes
+it as a landing after the time between (:func:`settle_released`, oldest episode first, one per pod), and an episode
+no such pod came for within ``max_wait_s`` closes without one. The landing rate is then the landings over the hours
+kept, real and would-be, plus ``EVIDENCE_PRIOR_H`` hours of nothing landed (:func:`evidence_rate`). Where pods find
+room on running nodes, or a kept node waits long for the next pod that needs one, nothing is kept.
+
 Pure: arrivals are ``(time, Pod)`` pairs the caller records; the node is described by :class:`Shape`.
 """
 
@@ -40,6 +48,11 @@ LEARN_PRIOR_LANDINGS = 2.0
 outweigh it)."""
 LEARN_MEMORY_S = DAY_S
 """Outcomes fade with this time constant (:meth:`Outcomes.decayed`): the rule follows a workload that changes."""
+EVIDENCE_PRIOR_H = 0.5
+"""With ``learn_released``: the landing rate starts from this many hours kept with nothing landed (no keeping
+without evidence)."""
+NEEDY_S = 30.0
+"""With ``learn_released``: a pod still pending this long after it was first seen had no room (it waits for a node)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +76,14 @@ class EmptyWaitSpec:
     (the pods reach it only after the k - 1 before it are taken)."""
     learn: bool = False
     """Learn the rate pods land on kept nodes from the outcomes of keeping (:func:`landing_rate`)."""
+    learn_released: bool = False
+    """Learn from evidence only, the released empty nodes' would-be episodes included (:func:`settle_released`,
+    :func:`evidence_rate`); implies ``learn``."""
+
+    @property
+    def learns(self) -> bool:
+        """True if outcomes are recorded (``learn`` or ``learn_released``)."""
+        return self.learn or self.learn_released
 
     @property
     def history_s(self) -> float:
@@ -122,6 +143,47 @@ def landing_rate(prior_per_hour: float, outcomes: Outcomes) -> float:
         return 0.0
     a = LEARN_PRIOR_LANDINGS
     return (a + outcomes.landings) / (a / prior_per_hour + outcomes.kept_h)
+
+
+def evidence_rate(outcomes: Outcomes) -> float:
+    """Pods landing on one kept node per hour from the outcomes alone (``learn_released``): the landings over the hours
+    kept plus ``EVIDENCE_PRIOR_H`` hours of nothing landed."""
+    return outcomes.landings / (outcomes.kept_h + EVIDENCE_PRIOR_H)
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """A released empty node's would-be keeping (``learn_released``): since when, of which kind and shape."""
+
+    node: str
+    kind: tuple[str, str]
+    start: float
+    shape: Shape
+
+
+def settle_released(
+    open_: Sequence[Released], needy: Sequence[tuple[float, Pod]], now: float, max_wait_s: float, settle_s: float
+) -> tuple[list[Released], list[tuple[tuple[str, str], float, bool]]]:
+    """Close would-be episodes: each needy arrival ``(time first seen, pod)``, in time order, closes the oldest open
+    episode it fits that started before it and at most ``max_wait_s`` before (a landing after the time between); an
+    episode older than ``max_wait_s + settle_s`` (a needy pod is known up to ``settle_s`` after it arrived) closes
+    without one after ``max_wait_s``. Returns the episodes still open and the closed ones as ``(kind, seconds kept,
+    landed)``."""
+    left = sorted(open_, key=lambda e: (e.start, e.node))
+    closed: list[tuple[tuple[str, str], float, bool]] = []
+    for t, pod in sorted(needy, key=lambda a: a[0]):
+        for i, e in enumerate(left):
+            if e.start <= t <= e.start + max_wait_s and fits(pod, e.shape):
+                closed.append((e.kind, t - e.start, True))
+                del left[i]
+                break
+    still: list[Released] = []
+    for e in left:
+        if now > e.start + max_wait_s + settle_s:
+            closed.append((e.kind, max_wait_s, False))
+        else:
+            still.append(e)
+    return still, closed
 
 
 def fits(pod: Pod, shape: Shape) -> bool:
@@ -186,6 +248,21 @@ def empty_wait(
         f"{len(days)} day(s): ${seasonal_rate:.3f}/h) against ${shape.hourly_price:.3f}/h"
         + (f" x {rank} (empty node {rank} of its shape)" if rank > 1 else "")
     )
+    if spec.learn_released:
+        # evidence only: what landed on kept nodes and would have landed on released ones, per node and hour
+        landed = evidence_rate(outcomes or Outcomes())
+        per_pod = sum(s for _, s in recent) / len(recent) if recent else 0.0
+        learned = landed * per_pod
+        o = outcomes or Outcomes()
+        why += (
+            f"; evidence: {landed:.2f} pod(s)/h land on a kept node ({o.landings:.1f} in {o.kept_h:.1f} h kept or "
+            f"released), saving ${learned:.3f}/h"
+        )
+        until = _next_arrival_change(now, days, spec)
+        if recent:
+            until = min(until, recent[0][0] + spec.window_s)
+        kept = learned > 0.0 and learned >= shape.hourly_price * spec.margin
+        return EmptyWait(spec.max_wait_s if kept else None, learned, until, f"{why}: {'' if kept else 'not '}kept")
     if spec.learn and outcomes is not None and recent and rate > 0.0:
         # per node and hour: the arrivals' rate is the prior, the landings seen on kept nodes update it
         per_pod = recent_rate / (len(recent) / hours)
