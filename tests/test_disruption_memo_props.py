@@ -91,6 +91,30 @@ class _Cluster:
         return out
 
 
+def _destinations_by_loop(
+    nodes: list[Node], disrupting: set[str]
+) -> tuple[list[Node], dict[str, int], dict[str, int], dict[str, int]]:
+    """:func:`destinations` as one plain loop over the nodes (the reference its comprehensions must equal, maps in
+    the same order)."""
+    dest: list[Node] = []
+    counts: dict[str, int] = {}
+    totals: dict[str, int] = {}
+    leaving_by_pool: dict[str, int] = {}
+    for n in nodes:
+        if n.launching:
+            continue
+        leaving = n.name in disrupting
+        if n.pool is not None:
+            totals[n.pool] = totals.get(n.pool, 0) + 1
+            if leaving:
+                leaving_by_pool[n.pool] = leaving_by_pool.get(n.pool, 0) + 1
+            else:
+                counts[n.pool] = counts.get(n.pool, 0) + 1
+        if not leaving and not n.unschedulable:
+            dest.append(n)
+    return dest, counts, totals, leaving_by_pool
+
+
 def _fields(r: Row) -> tuple[object, ...]:
     return (id(r.node), list(r.pods), r.cpu, r.mem, r.gpu, r.slots, r.g_row, r.full, r.top, r.pos, r.recv)
 
@@ -106,6 +130,10 @@ def test_kept_destinations_and_rows_are_those_computed_from_scratch(steps: list[
         got = destinations(list(c.nodes), set(c.disrupting), memo)
         want = destinations(c.nodes, c.disrupting, None)
         assert len(got[0]) == len(want[0]) and all(map(is_, got[0], want[0])) and got[1:] == want[1:]
+        ref = _destinations_by_loop(c.nodes, c.disrupting)
+        assert len(ref[0]) == len(want[0]) and all(map(is_, ref[0], want[0]))
+        assert [list(m.items()) for m in want[1:]] == [list(m.items()) for m in ref[1:]]
+        assert all(type(m) is dict for m in want[1:])
         last = dict(memo.rows)
         rows, changed, total = rows_of(got[0], by_node, memo)
         fresh, _, fresh_total = rows_of(want[0], by_node, None)

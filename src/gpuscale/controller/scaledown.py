@@ -247,7 +247,7 @@ class ScaleDownSteps(ShellBase):
             made = self.__dict__.get("_planned_pods", {})
             kept: dict[str, tuple[Pod, str, Pod]] = {}
             for i, p in enumerate(pods):
-                if p.pending and (on := planned.get(p.key)) is not None:
+                if p.node_name is None and p.phase == "Pending" and (on := planned.get(p.key)) is not None:  # (pending)
                     last = made.get(p.key)
                     if last is None or last[0] is not p or last[1] != on:
                         last = (p, on, replace(p, node_name=on))

@@ -98,9 +98,19 @@ class ScaleUpSteps(ShellBase):
                 elif outcome is not Outcome.RETRY:
                     self.scaleup.request_plan()
 
+    _real_kept: tuple[list[Pod], list[Pod], tuple[str, ...]] | None = None
+    """(the unbound pods of a round, its real pending pods, their keys): the same answer while the observation's
+    unbound list is the same object (worlds of the very same pod list share it; pods and that list never change)."""
+
     def _pending(self, w: World) -> tuple[list[Pod], list[Pod]]:
         """(real pending pods, pods of draining nodes shown to the planner as pending)."""
-        real = [p for p in w.unbound() if p.phase == "Pending" and not p.is_daemonset]
+        unbound = w.unbound()
+        kept = self._real_kept
+        if kept is not None and kept[0] is unbound:
+            real = kept[1]
+        else:
+            real = [p for p in unbound if p.phase == "Pending" and not p.is_daemonset]
+            self._real_kept = (unbound, real, tuple([p.key for p in real]))
         leaving = self._leaving()
         if not leaving:
             return real, []
@@ -151,7 +161,8 @@ class ScaleUpSteps(ShellBase):
         now = w.now
         st = self.scaleup
         real, virtual = self._pending(w)
-        keys = tuple([p.key for p in real])
+        kept = self._real_kept
+        keys = kept[2] if kept is not None and kept[1] is real else tuple([p.key for p in real])
         steady = self._steady
         if (
             steady is not None

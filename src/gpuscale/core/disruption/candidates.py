@@ -170,11 +170,13 @@ def find_candidates(
             else:
                 cand = _candidate(n, pool, wl, catalog, utilization)
             fresh[n.name] = (n, pool, catalog, wl, cand)
-        if cand is None:
-            continue
-        new_since[n.name] = since.get(n.name, now)
-        out.append(cand)
+        if cand is not None:
+            out.append(cand)
     out.sort(key=lambda c: c.sort_key)
+    for c in out:  # (in the candidates' order: the same map whatever order ``nodes`` came in)
+        name = c.node.name
+        if name not in new_since:
+            new_since[name] = since.get(name, now)
     if cache is not None:
         cache.clear()
         cache.update(fresh)

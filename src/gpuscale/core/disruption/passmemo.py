@@ -29,9 +29,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress, count
+from operator import is_, ne
 
+from gpuscale.core.disruption.budgets import allowed_disruptions
 from gpuscale.core.disruption.candidates import CandidateMemo
-from gpuscale.core.disruption.values import BudgetVerdict, Candidate, KeepReason, Kept
+from gpuscale.core.disruption.values import BudgetVerdict, Candidate, DisruptionReason, KeepReason, Kept
 from gpuscale.core.model import DisruptionBudget, Node, NodePool, Pod
 from gpuscale.core.predicates import static_fit
 from gpuscale.core.resources import MILLI_PER_GPU
@@ -89,21 +92,48 @@ def rows_of(
     """The rows of ``dest`` (by name, in order), the rows that differ from ``memo``'s last ones (new, gone or
     rebuilt) and the total free room (the sum of ``pos``). A row is reused while its node is the same object and its
     pods are equal, in the same order."""
-    out: dict[str, Row] = {}
     cached = memo.rows if memo is not None else {}
-    get = cached.get
     changed: set[str] = set()
-    for n in dest:
-        name = n.name
-        bound = by_node.get(name) or ()
-        old = get(name)
-        if old is not None and old.node is n and old.pods == bound:
-            out[name] = old
-            continue
-        out[name] = build_row(n, bound)
-        changed.add(name)
-    if len(out) - len(changed) != len(cached):  # some cached row is gone
-        changed.update(cached.keys() - out.keys())
+    made = memo.made if memo is not None else None
+    if (
+        made is not None
+        and made[0] is cached
+        and len(made[1]) == len(dest)
+        and len(cached) == len(dest)
+        and all(map(is_, made[1], dest))
+    ):
+        # the very same destination nodes, in the same order, as the rows kept (names unique): only their pods are
+        # looked up, and the rows whose pods changed built again (the pods are compared list to list)
+        assert memo is not None
+        names = made[2]
+        bounds = list(map(by_node.get, names))
+        last_bounds = made[3]
+        if bounds == last_bounds:
+            out = cached
+        else:
+            out = dict(cached)
+            for i in compress(count(), map(ne, bounds, last_bounds)):
+                name = names[i]
+                out[name] = build_row(dest[i], bounds[i] or ())
+                changed.add(name)
+        memo.made = (out, made[1], names, bounds)
+    else:
+        out = {}
+        get = cached.get
+        for n in dest:
+            name = n.name
+            bound = by_node.get(name) or ()
+            old = get(name)
+            if old is not None and old.node is n and old.pods == bound:
+                out[name] = old
+                continue
+            out[name] = build_row(n, bound)
+            changed.add(name)
+        if len(out) - len(changed) != len(cached):  # some cached row is gone
+            changed.update(cached.keys() - out.keys())
+        if memo is not None:
+            names = list(out)
+            memo.made = (out, list(dest), names, [by_node.get(name) for name in names] if len(out) == len(dest) else [])
     if memo is None or len(changed) * 2 > len(out):
         cpu, mem, gpu, slots = (sum(x) for x in zip(*[r.pos for r in out.values()], strict=True)) if out else (0,) * 4
     else:  # the last total, corrected by the changed rows
@@ -163,16 +193,22 @@ class PassMemo:
         "hits",
         "judged",
         "key",
+        "made",
         "now",
         "order",
         "reused",
         "rows",
         "total",
+        "verdicts",
     )
 
     def __init__(self) -> None:
         self.rows: dict[str, Row] = {}
         self.total: tuple[int, int, int, int] = (0, 0, 0, 0)
+        self.made: tuple[dict[str, Row], list[Node], list[str], list[Sequence[Pod] | None]] | None = None
+        """(the rows :func:`rows_of` last made, their destination nodes and names in order, each one's pods as
+        ``by_node`` gave them): its shortcut holds while those rows are :attr:`rows` (the pass that made them kept
+        them) and the destinations are the same objects in the same order."""
         self.candidates: dict[str, CandidateMemo] = {}
         """Node name -> its candidate (or None) and what it was computed from (``find_candidates``' cache)."""
         self.judged: dict[str, Judged] = {}
@@ -191,6 +227,9 @@ class PassMemo:
         ) = None
         """The last pass's nodes and nodes being disrupted, with its destinations and node counts per pool
         (:func:`~gpuscale.core.disruption.plan.destinations`' cache)."""
+        self.verdicts: dict[tuple[int, DisruptionReason, int, int], tuple[NodePool, BudgetVerdict]] = {}
+        """(pool id, reason, its nodes, those being disrupted) -> (the pool, its budget verdict), for pools without
+        scheduled budgets (:meth:`verdict`)."""
         self.hits = 0
         """Passes whose every candidate was kept as judged before (for tests and benchmarks)."""
         self.reused = 0
@@ -248,6 +287,22 @@ class PassMemo:
             out[name] = j
         return out
 
+    def verdict(self, pool: NodePool, reason: DisruptionReason, total: int, busy: int, now: float) -> BudgetVerdict:
+        """:func:`~gpuscale.core.disruption.budgets.allowed_disruptions`; kept for a pool without scheduled budgets,
+        whose verdict depends on its budgets, the reason and the two counts alone (the pool object, immutable, is
+        kept with it: a key's id names that object only while it lives)."""
+        if _scheduled(pool):
+            return allowed_disruptions(pool, reason, total, busy, now)
+        key = (id(pool), reason, total, busy)
+        kept = self.verdicts.get(key)
+        if kept is not None and kept[0] is pool:
+            return kept[1]
+        v = allowed_disruptions(pool, reason, total, busy, now)
+        if len(self.verdicts) >= 1024:  # (counts vary slowly: a bound that is never reached in practice)
+            self.verdicts.clear()
+        self.verdicts[key] = (pool, v)
+        return v
+
     def remember(
         self,
         now: float,
@@ -294,6 +349,10 @@ def fits_total(free_total: tuple[int, int, int, int], own: Row | None, pods: Col
         cpu += r.cpu_milli
         mem += r.memory_mib
         gpu += r.gpus * MILLI_PER_GPU + r.gpu_milli
-    o = (own.cpu, own.mem, own.gpu, own.slots) if own is not None else (0, 0, 0, 0)
-    need = (cpu, mem, gpu, len(pods))
-    return all(need[k] <= free_total[k] - max(0, o[k]) for k in range(4))
+    free_cpu, free_mem, free_gpu, free_slots = free_total
+    if own is not None:  # (its own room, where positive, is not room for its pods)
+        free_cpu -= own.cpu if own.cpu > 0 else 0
+        free_mem -= own.mem if own.mem > 0 else 0
+        free_gpu -= own.gpu if own.gpu > 0 else 0
+        free_slots -= own.slots if own.slots > 0 else 0
+    return cpu <= free_cpu and mem <= free_mem and gpu <= free_gpu and len(pods) <= free_slots

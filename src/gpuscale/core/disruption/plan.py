@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from operator import is_
 
@@ -173,6 +174,11 @@ class _Sim:
         return st, left, dests
 
 
+def _per_pool(pools: list[str | None]) -> dict[str, int]:
+    """How many times each pool appears (None left out), in the order pools first appear."""
+    return {on: k for on, k in Counter(pools).items() if on is not None}
+
+
 def destinations(
     nodes: Sequence[Node], disrupting: set[str], memo: PassMemo | None
 ) -> tuple[list[Node], dict[str, int], dict[str, int], dict[str, int]]:
@@ -184,23 +190,20 @@ def destinations(
         last = memo.destinations
         if last is not None and last[1] == disrupting and len(last[0]) == len(nodes) and all(map(is_, last[0], nodes)):
             return last[2], dict(last[3]), last[4], dict(last[5])
-    dest: list[Node] = []
-    counts: dict[str, int] = {}
-    totals_all: dict[str, int] = {}
-    disrupting_by_pool: dict[str, int] = {}
-    for n in nodes:
-        if n.launching:
-            continue
-        leaving = n.name in disrupting
-        on = n.pool
-        if on is not None:
-            totals_all[on] = totals_all.get(on, 0) + 1
-            if leaving:
-                disrupting_by_pool[on] = disrupting_by_pool.get(on, 0) + 1
-            else:
-                counts[on] = counts.get(on, 0) + 1
-        if not leaving and not n.unschedulable:
-            dest.append(n)
+    # (comprehensions and C-level counting: each map in the order its pools first appear, as a loop would make it)
+    live = [n for n in nodes if not n.launching]
+    totals_all = _per_pool([n.pool for n in live])
+    counts: dict[str, int]
+    disrupting_by_pool: dict[str, int]
+    if disrupting:
+        staying = [n for n in live if n.name not in disrupting]
+        counts = _per_pool([n.pool for n in staying])
+        disrupting_by_pool = _per_pool([n.pool for n in live if n.name in disrupting])
+        dest = [n for n in staying if not n.unschedulable]
+    else:
+        counts = dict(totals_all)
+        disrupting_by_pool = {}
+        dest = [n for n in live if not n.unschedulable]
     if memo is not None:
         memo.destinations = (list(nodes), set(disrupting), dest, dict(counts), totals_all, dict(disrupting_by_pool))
     return dest, counts, totals_all, disrupting_by_pool
@@ -334,8 +337,30 @@ def plan_disruption(
             lazy.append(_Sim(rows, [r[5] for r in recv], state, usable, workloads=workloads or None))
         return lazy[0]
 
+    looked_at: Sequence[Node] = dest
+    if candidates is not None and len(room) == len(dest):
+        # the named candidates' rows give their nodes (the destinations' names are unique): find_candidates walks
+        # those only, not every destination (it keeps the same ones and sorts them by a key that ends with the name)
+        looked_at = [kept_row.node for name in candidates if (kept_row := room.get(name)) is not None]
+
+    def verdict_for(pool: NodePool, reason: DisruptionReason) -> BudgetVerdict:
+        """:func:`allowed_disruptions` for the pool's node counts of this pass (the memo keeps the verdicts of pools
+        without scheduled budgets: nothing but these inputs decides them)."""
+        total, busy = totals_all.get(pool.name, 0), disrupting_by_pool.get(pool.name, 0)
+        if memo is None:
+            return allowed_disruptions(pool, reason, total, busy, now)
+        return memo.verdict(pool, reason, total, busy, now)
+
     cands, new_since = find_candidates(
-        dest, pool_by_name, by_node, catalog, now, since, candidates, utilization, memo.candidates if memo else None
+        looked_at,
+        pool_by_name,
+        by_node,
+        catalog,
+        now,
+        since,
+        candidates,
+        utilization,
+        memo.candidates if memo else None,
     )
 
     memo_key: tuple[object, ...] = ()
@@ -353,8 +378,7 @@ def plan_disruption(
         )
 
         def verdict_of(c: Candidate) -> BudgetVerdict:
-            name = c.pool.name
-            return allowed_disruptions(c.pool, c.reason, totals_all.get(name, 0), disrupting_by_pool.get(name, 0), now)
+            return verdict_for(c.pool, c.reason)
 
         budgets = {name: (total, disrupting_by_pool.get(name, 0)) for name, total in totals_all.items()}
         valid = memo.valid(
@@ -438,9 +462,7 @@ def plan_disruption(
                 reason,
             )
             continue
-        verdict = allowed_disruptions(
-            pool, reason, totals_all.get(pool.name, 0), disrupting_by_pool.get(pool.name, 0), now
-        )
+        verdict = verdict_for(pool, reason)
         verdicts[n.name] = verdict
         if verdict.allowed is not None and verdict.allowed <= 0:
             b = verdict.budget
