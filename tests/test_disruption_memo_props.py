@@ -94,8 +94,8 @@ class _Cluster:
 def _destinations_by_loop(
     nodes: list[Node], disrupting: set[str]
 ) -> tuple[list[Node], dict[str, int], dict[str, int], dict[str, int]]:
-    """:func:`destinations` as one plain loop over the nodes (the reference its comprehensions must equal, maps in
-    the same order)."""
+    """:func:`destinations` as one plain loop over the nodes, kept apart from the code (the reference the answers
+    with and without the memo must equal, maps in the same order)."""
     dest: list[Node] = []
     counts: dict[str, int] = {}
     totals: dict[str, int] = {}

@@ -134,14 +134,17 @@ class ClaimTable(dict[str, NodeClaim]):
         """(key, claim) of every claim in one of ``phases``, in table order (a list: safe to change the table while
         going through it). Asked several times a round with the same phases: the answers for a frozenset or tuple
         of phases are kept until the table changes (``version``), and each caller gets its own copy."""
-        if not isinstance(phases, (frozenset, tuple)):
-            return self._in_phases(phases)
         memo = self._memo
-        if memo[0] != self.version:
+        kind = type(phases)
+        if kind is not tuple and kind is not frozenset:
+            return self._in_phases(phases)
+        if memo[0] == self.version:
+            found = memo[1].get(phases)
+            if found is not None:  # (the common case first: asked again at this version)
+                return list(found)
+        else:
             memo = self._memo = (self.version, {})
-        found = memo[1].get(phases)
-        if found is None:
-            found = memo[1][phases] = self._in_phases(phases)
+        found = memo[1][phases] = self._in_phases(phases)
         return list(found)
 
     def _in_phases(self, phases: Iterable[ClaimPhase]) -> list[tuple[str, NodeClaim]]:

@@ -42,8 +42,6 @@ import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress
-from operator import ne
 
 from gpuscale.controller.config import ControllerConfig
 from gpuscale.core.cron import parse_cron
@@ -63,13 +61,13 @@ def pod_moves(before: Mapping[str, Sequence[Pod]], after: Mapping[str, Sequence[
     left: set[str] = set()
     moved: set[str] = set()
     before_get = before.get
-    # only the nodes whose lists differ (picked out without a Python-level loop over every node)
-    for name in compress(after, map(ne, after.values(), map(before_get, after))):
-        new = after[name]
+    for name, new in after.items():
         old = before_get(name)
         if old is None:
             if new:  # pods on a node not seen before: nothing left it
                 moved.add(name)
+            continue
+        if old == new:
             continue
         old_keys = {p.key for p in old}
         new_keys = {p.key for p in new}
@@ -208,8 +206,12 @@ class ConsolidationGate:
             known, empty = self.classes, DisruptionReason.EMPTY
             for name, t in self.since.items():
                 pool = pool_of(name)
-                if pool is not None:
-                    times.append(t + pool.disruption.wait_s(known.get(name) is empty))
+                if pool is not None:  # (Disruption.wait_s, inlined)
+                    d = pool.disruption
+                    if d.consolidate_empty_after_s is not None and known.get(name) is empty:
+                        times.append(t + d.consolidate_empty_after_s)
+                    else:
+                        times.append(t + d.consolidate_after_s)
         if self.skipped:
             times.append(self.last_pass_at + self.config.disruption_interval_s)
         return times
@@ -330,8 +332,14 @@ class ConsolidationGate:
                 continue
             if why is not DisruptionReason.DRIFTED:
                 pool = pool_of(name)
-                wait = pool.disruption.wait_s(known.get(name) is DisruptionReason.EMPTY) if pool is not None else 0.0
-                if now - since[name] < wait:
+                if pool is not None:  # (Disruption.wait_s, inlined)
+                    d = pool.disruption
+                    wait = d.consolidate_after_s
+                    if d.consolidate_empty_after_s is not None and known.get(name) is DisruptionReason.EMPTY:
+                        wait = d.consolidate_empty_after_s
+                    if now - since[name] < wait:
+                        continue
+                elif now < since[name]:  # (a wait of 0)
                     continue
             due.append(name)
         return due

@@ -18,7 +18,7 @@ from gpuscale.core.disruption import (
     plan_disruption,
 )
 from gpuscale.core.disruption.passmemo import PassMemo
-from gpuscale.core.model import Node, Pod
+from gpuscale.core.model import Node, OfferingKey, Pod
 from gpuscale.core.nodeclaim import REQUEST_ID_LABEL, ClaimPhase, NodeClaim
 from gpuscale.core.reconcile import (
     DeleteNode,
@@ -37,6 +37,7 @@ from gpuscale.providers.base import CloudNodeState
 
 _FLYING = (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED)
 """Claim phases whose node may be in flight (a pass counts it as a launching node)."""
+_NONE: frozenset[OfferingKey] = frozenset()
 _PLANNING = (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED)
 """Claim phases whose pods are planned onto the claim's node once it is listed."""
 
@@ -51,7 +52,8 @@ class ScaleDownSteps(ShellBase):
         gate = self.gate
         candidates, disrupting, planned, flying = self._step_inputs(w)
         by_node = w.by_node()
-        unavailable_now = frozenset(k for k, t in self.availability.offerings.items() if t > now)
+        offerings = self.availability.offerings
+        unavailable_now = frozenset([k for k, t in offerings.items() if t > now]) if offerings else _NONE
         last_pass = gate.last_pass_at
         due = gate.select(
             candidates,
@@ -103,7 +105,7 @@ class ScaleDownSteps(ShellBase):
             gate.started({a.node for a in dp.actions})
         for kept in dp.kept:
             if kept.reason is not KeepReason.WAITING and kept.node not in protected:
-                keys = frozenset(p.key for p in by_node.get(kept.node, ()))
+                keys = frozenset([p.key for p in by_node.get(kept.node, ())])
                 gate.rest(kept.node, keys, now, self._pool_of_node, timed=kept.reason is KeepReason.BUDGET)
             if kept.reason is not KeepReason.WAITING:
                 self._report(f"node/{kept.node}", str(kept.reason), EventKind.DISRUPTION_BLOCKED, now, kept.message)

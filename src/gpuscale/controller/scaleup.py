@@ -88,6 +88,8 @@ class ScaleUpSteps(ShellBase):
     never change)."""
 
     def _retry_requested(self, w: World, result: ReconcileResult) -> None:
+        if not self.claims.count(ClaimPhase.REQUESTED):
+            return  # (most rounds: no claim waits for its launch)
         for key, c in self.claims.in_phases((ClaimPhase.REQUESTED,)):
             if self.launcher.due(key, w.now):
                 if self.availability.backed_off(c.pool, w.now):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from operator import is_
 
@@ -174,11 +173,6 @@ class _Sim:
         return st, left, dests
 
 
-def _per_pool(pools: list[str | None]) -> dict[str, int]:
-    """How many times each pool appears (None left out), in the order pools first appear."""
-    return {on: k for on, k in Counter(pools).items() if on is not None}
-
-
 def destinations(
     nodes: Sequence[Node], disrupting: set[str], memo: PassMemo | None
 ) -> tuple[list[Node], dict[str, int], dict[str, int], dict[str, int]]:
@@ -190,20 +184,23 @@ def destinations(
         last = memo.destinations
         if last is not None and last[1] == disrupting and len(last[0]) == len(nodes) and all(map(is_, last[0], nodes)):
             return last[2], dict(last[3]), last[4], dict(last[5])
-    # (comprehensions and C-level counting: each map in the order its pools first appear, as a loop would make it)
-    live = [n for n in nodes if not n.launching]
-    totals_all = _per_pool([n.pool for n in live])
-    counts: dict[str, int]
-    disrupting_by_pool: dict[str, int]
-    if disrupting:
-        staying = [n for n in live if n.name not in disrupting]
-        counts = _per_pool([n.pool for n in staying])
-        disrupting_by_pool = _per_pool([n.pool for n in live if n.name in disrupting])
-        dest = [n for n in staying if not n.unschedulable]
-    else:
-        counts = dict(totals_all)
-        disrupting_by_pool = {}
-        dest = [n for n in live if not n.unschedulable]
+    dest: list[Node] = []
+    counts: dict[str, int] = {}
+    totals_all: dict[str, int] = {}
+    disrupting_by_pool: dict[str, int] = {}
+    for n in nodes:
+        if n.launching:
+            continue
+        leaving = n.name in disrupting
+        on = n.pool
+        if on is not None:
+            totals_all[on] = totals_all.get(on, 0) + 1
+            if leaving:
+                disrupting_by_pool[on] = disrupting_by_pool.get(on, 0) + 1
+            else:
+                counts[on] = counts.get(on, 0) + 1
+        if not leaving and not n.unschedulable:
+            dest.append(n)
     if memo is not None:
         memo.destinations = (list(nodes), set(disrupting), dest, dict(counts), totals_all, dict(disrupting_by_pool))
     return dest, counts, totals_all, disrupting_by_pool
