@@ -4,7 +4,10 @@ that a cheaper node of its pool and capacity type would hold is replaced (one no
 consolidation's replacement: the old node drains once the new one is ready). The old node is cordoned at once, so
 that no pod lands on it meanwhile (the replacement has room for its pods only), and uncordoned if the replacement
 fails and the node is kept (:attr:`~gpuscale.controller.rounds.Replacements.cordoned`); a controller restarted before
-the replacement is ready resumes it as draining.
+the replacement is ready resumes it as draining. With ``maxSet`` 2 or more, a round in which no single node is
+replaced may replace a set of nodes together (:mod:`gpuscale.core.disruption.rightsize_multi`): the new nodes are
+launched, then every old node is cordoned; each drains once all the new nodes are ready
+(:meth:`Rightsizing._start_set`).
 
 Pod ages are the controller's first-bound times (``OptionsController.bound_since``), of the pods seen bind since
 its first observation only (``OptionsController._known_ages``): after a restart, a pod already bound may have run

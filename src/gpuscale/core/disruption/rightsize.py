@@ -16,8 +16,8 @@ node's pool, of the node's capacity type, taking all its pods (no other node's r
   the longest time one of them has run) and for the replacement's boot (its price x ``cold_start_s``).
 
 Blockers (checked here, as the node is not a consolidation candidate): a pod annotated do-not-disrupt, a pod any
-PodDisruptionBudget selects, the pool's disruption budget for ``Underutilized``, pools with ``limits``, ``maxNodes``.
-Pure.
+PodDisruptionBudget selects, the pool's disruption budget for ``Underutilized``, pools with ``limits``, ``maxNodes``
+(:func:`movable_nodes`, shared with the replacement of sets of such nodes, :mod:`.rightsize_multi`). Pure.
 """
 
 from __future__ import annotations
