@@ -111,7 +111,7 @@ def test_placed_copies_every_field_of_the_pod() -> None:
     bound = placed(pod, "node-1", "Running")
     assert bound == replace(pod, node_name="node-1", phase="Running") and bound.key == "ns/p"
     assert placed(bound, None, "Pending") == pod
-    changed = {"node_name", "phase", "key"}
+    changed = {"node_name", "phase", "key", "pending"}
     copied = {"name", "namespace", "request", "node_selector", "affinity", "tolerations", "priority", "labels"}
     copied |= {"annotations", "gang", "gang_size", "is_daemonset"}
     assert {f.name for f in fields(Pod)} == changed | copied, "a new Pod field: copy it in placed()"

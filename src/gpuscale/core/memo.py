@@ -2,14 +2,14 @@
 
 An answer is stored under plain hashable ``values`` and the *identity* of some ``objects`` (pools, catalogs, option
 tables: unhashable or costly to hash). The table keeps those objects alive, so an id cannot be reused by another
-object while its entry exists, and checks them on every hit. Past ``size`` entries the table starts afresh. A memo
-changes speed, never answers: the key must hold everything the answer depends on.
+object while its entry exists: the ids of a key that is found name the very objects its answer was made for. Past
+``size`` entries the table starts afresh. A memo changes speed, never answers: the key must hold everything the
+answer depends on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from operator import is_
 from typing import Generic, TypeVar
 
 V = TypeVar("V")
@@ -26,7 +26,7 @@ class Memo(Generic[V]):
         """The remembered answer for this key, or ``make()`` remembered."""
         key = (values, tuple(map(id, objects)))
         hit = self._table.get(key)
-        if hit is not None and all(map(is_, hit[0], objects)):  # as many objects as ids in the key
+        if hit is not None:  # the entry holds its objects alive: objects with their ids are those very objects
             return hit[1]
         answer = make()
         if len(self._table) >= self.size:

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gpuscale.core.labels import GPU_PRODUCT
-from gpuscale.core.memo import Memo
 from gpuscale.core.resources import Request, Resources
 
 
@@ -107,14 +106,13 @@ class Pod:
     is_daemonset: bool = False
     key: str = field(init=False, repr=False, compare=False)
     """``namespace/name``, the identity used in plans and reports (derived)."""
+    pending: bool = field(init=False, repr=False, compare=False)
+    """True when the pod waits for a node: not bound and in phase ``Pending`` (derived, stored rather than a property:
+    controllers read it hundreds of thousands of times per replay)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", f"{self.namespace}/{self.name}")
-
-    @property
-    def pending(self) -> bool:
-        """True when the pod waits for a node (not bound, not finished)."""
-        return self.node_name is None and self.phase == "Pending"
+        object.__setattr__(self, "pending", self.node_name is None and self.phase == "Pending")
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,10 +188,21 @@ class Catalog:
 
     def by_name(self) -> dict[str, InstanceType]:
         """Instance types indexed by name (memoised per catalog object: treat the result as read-only)."""
-        return _BY_NAME.get(lambda: {it.name: it for it in self.instance_types}, objects=(self,))
+        hit = _BY_NAME.get(id(self))
+        if hit is not None and hit[0] is self:
+            return hit[1]
+        table = {it.name: it for it in self.instance_types}
+        if len(_BY_NAME) >= _BY_NAME_SIZE:
+            _BY_NAME.clear()
+        _BY_NAME[id(self)] = (self, table)
+        return table
 
 
-_BY_NAME: Memo[dict[str, InstanceType]] = Memo(256)
+_BY_NAME: dict[int, tuple[Catalog, dict[str, InstanceType]]] = {}
+"""Catalog id -> (the catalog, kept alive so that its id is not reused while the entry exists, its types by name): a
+plain table rather than a :class:`~gpuscale.core.memo.Memo`, whose maker closure and key cost more than the lookup
+(controllers ask thousands of times per replay). Forgotten past ``_BY_NAME_SIZE`` catalogs."""
+_BY_NAME_SIZE = 256
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ for both resources. Whole-GPU requests take GPUs that are entirely free.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 GPU_RESOURCE = "nvidia.com/gpu"
 """Extended resource name for whole GPUs."""
@@ -70,6 +70,14 @@ class Request:
     gpus: int = 0
     gpu_milli: int = 0
     gpu_models: frozenset[str] | None = None
+    gpu_demand_milli: int = field(init=False, repr=False, compare=False)
+    """Total GPU demand in milli-GPU (whole GPUs count 1000 each; derived)."""
+    wants_gpu: bool = field(init=False, repr=False, compare=False)
+    """True if the pod needs any GPU (derived). The derived fields are stored rather than properties: planners and
+    the simulator read them hundreds of thousands of times per replay; they take no part in equality or hashing."""
+    _hash: int = field(init=False, repr=False, compare=False)
+    """The hash the dataclass would compute from the compared fields, computed once (requests key many memo and
+    index tables); not pickled (:meth:`__reduce__`), since string hashes differ between processes."""
 
     def __post_init__(self) -> None:
         if self.gpus and self.gpu_milli:
@@ -78,13 +86,15 @@ class Request:
             raise ValueError(f"gpu_milli must be in 0..{MILLI_PER_GPU - 1}, got {self.gpu_milli}")
         if self.gpus < 0 or self.cpu_milli < 0 or self.memory_mib < 0:
             raise ValueError("requests must not be negative")
+        object.__setattr__(self, "gpu_demand_milli", self.gpus * MILLI_PER_GPU + self.gpu_milli)
+        object.__setattr__(self, "wants_gpu", self.gpus > 0 or self.gpu_milli > 0)
+        object.__setattr__(self, "_hash", hash(self._values()))
 
-    @property
-    def gpu_demand_milli(self) -> int:
-        """Total GPU demand in milli-GPU (whole GPUs count 1000 each)."""
-        return self.gpus * MILLI_PER_GPU + self.gpu_milli
+    def _values(self) -> tuple[int, int, int, int, frozenset[str] | None]:
+        return (self.cpu_milli, self.memory_mib, self.gpus, self.gpu_milli, self.gpu_models)
 
-    @property
-    def wants_gpu(self) -> bool:
-        """True if the pod needs any GPU."""
-        return self.gpus > 0 or self.gpu_milli > 0
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[Request], tuple[int, int, int, int, frozenset[str] | None]]:
+        return (Request, self._values())

@@ -124,6 +124,11 @@ class SimCluster:
         self._nodes_listed: tuple[int, tuple[Node, ...]] = (-1, ())
         self._nodes_version = 0
         """Changes of the node list alone (``version`` counts pod changes too): ``list_nodes`` is rebuilt only then."""
+        self._node_objs: dict[str, Node | None] = {}
+        """Each registered node's ``Node`` in the order of ``_nodes`` (None until made: the names in ``_stale_nodes``
+        are made again at the next ``list_nodes``, which is then a copy of the values)."""
+        self._stale_nodes: set[str] = set()
+        """Nodes changed since the last ``list_nodes`` (their ``SimNode.cache`` was dropped)."""
 
     # ------------------------------------------------------------------------------------------- slot storage
     def _make_state(self, n: int) -> ClusterState:
@@ -232,6 +237,7 @@ class SimCluster:
 
     def _node_changed(self, sn: SimNode, *, more_room: bool) -> None:
         sn.cache = None
+        self._stale_nodes.add(sn.name)
         self.scheduler.row_grew(sn.slot)
         for sig, mask in self._masks.items():
             mask[sn.slot] = self._static_ok(sig, sn)
@@ -273,6 +279,7 @@ class SimCluster:
         sn.created_at = self.engine.now()
         self._slots[sn.slot] = sn
         self._nodes[sn.name] = sn
+        self._node_objs[sn.name] = None  # made at the next list_nodes (_node_changed below marks it stale)
         self._set_slot(sn)
         self.counters.nodes_registered += 1
         self._record("NodeRegistered", f"node/{sn.name}", "Registered", f"{itype.name} in {node.zone} joined")
@@ -442,25 +449,20 @@ class SimCluster:
     def list_nodes(self) -> Sequence[Node]:
         """Every registered node; GPUs count as allocatable only once the device plugin is ready."""
         if self._nodes_listed[0] != self._nodes_version:
-            self._nodes_listed = (
-                self._nodes_version,
-                tuple([sn.cache or self._as_node(sn) for sn in self._nodes.values()]),
-            )
+            objs, nodes = self._node_objs, self._nodes
+            for name in self._stale_nodes:
+                if name in objs:
+                    objs[name] = self._as_node(nodes[name])
+            self._stale_nodes.clear()
+            self._nodes_listed = (self._nodes_version, tuple(objs.values()))  # type: ignore[arg-type]
         return self._nodes_listed[1]
 
     def _as_node(self, sn: SimNode) -> Node:
         if sn.cache is None:
-            alloc = sn.allocatable if sn.gpu_ready else replace(sn.allocatable, gpus=0)
-            sn.cache = Node(
-                name=sn.name,
-                allocatable=alloc,
-                labels=dict(sn.labels),
-                taints=sn.taints,
-                unschedulable=sn.unschedulable,
-                pool=sn.pool,
-                launching=False,
-                hourly_cost=sn.price,
-            )
+            a = sn.allocatable
+            alloc = a if sn.gpu_ready else Resources(a.cpu_milli, a.memory_mib, 0, a.pods)
+            # positional: name, allocatable, labels, taints, unschedulable, pool, launching, hourly_cost
+            sn.cache = Node(sn.name, alloc, dict(sn.labels), sn.taints, sn.unschedulable, sn.pool, False, sn.price)
         return sn.cache
 
     def list_pdbs(self) -> Sequence[PodDisruptionBudget]:
@@ -561,7 +563,8 @@ class SimCluster:
             sn.gpu_timer.cancel()
         self._gpu_waiting.pop(sn.name, None)
         self._gpu_failed.pop(sn.name, None)
-        del self._nodes[sn.name]
+        del self._nodes[sn.name], self._node_objs[sn.name]
+        self._stale_nodes.discard(sn.name)
         self._clear_slot(sn.slot)
         self.counters.nodes_removed += 1
         if pods:

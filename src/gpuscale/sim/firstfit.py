@@ -50,7 +50,7 @@ def first_fit(
             ok = st.fits(req) & mask(sp.sig, sp.pod)
             if usable is not None:
                 ok &= usable
-            cur = cursors[key] = FitCursor(np.flatnonzero(ok))
+            cur = cursors[key] = FitCursor(ok.nonzero()[0])  # (one-dimensional: flatnonzero without its ravel)
         live = cur.live
         while cur.live_at < live.size and not st.fits_one(req, int(live[cur.live_at])):
             cur.live_at += 1
@@ -70,7 +70,7 @@ def first_fit(
                 bool,
                 len(tpls),
             )
-            cur.extra = np.flatnonzero(extra.fits(req) & static)
+            cur.extra = (extra.fits(req) & static).nonzero()[0]
         rows = cur.extra
         while cur.extra_at < rows.size and not extra.fits_one(req, int(rows[cur.extra_at])):
             cur.extra_at += 1
