@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpuscale.controller.shell import ReconcileResult, World
-from gpuscale.core.disruption.rightsize import RightsizeRule, next_look, rightsize
+from gpuscale.core.disruption.rightsize import RightsizeRule, movable_nodes, next_look, rightsize
 from gpuscale.core.disruption.rightsize_multi import SetReplacement, replace_set
 from gpuscale.core.reconcile import EventKind, Outcome
 
@@ -63,34 +63,13 @@ class Rightsizing:
             return
         inputs = ctrl._disruption_inputs(w, planned)
         eligible -= inputs.protected
-        action = rightsize(
-            inputs.nodes,
-            inputs.pods,
-            eligible,
-            ctrl.pools,
-            ctrl.catalog,
-            w.now,
-            inputs.unavailable,
-            self.rule,
-            started,
-            disrupting,
-            w.pdbs,
-        )
+        nodes, pods, pools, catalog, now = inputs.nodes, inputs.pods, ctrl.pools, ctrl.catalog, w.now
+        movable = movable_nodes(nodes, pods, eligible, pools, catalog, now, self.rule, started, disrupting, w.pdbs)
+        args = (nodes, pods, eligible, pools, catalog, now, inputs.unavailable, self.rule, started, disrupting, w.pdbs)
+        action = rightsize(*args, found=movable)
         if action is None:
             if self.rule.max_set >= 2:
-                found_set = replace_set(
-                    inputs.nodes,
-                    inputs.pods,
-                    eligible,
-                    ctrl.pools,
-                    ctrl.catalog,
-                    w.now,
-                    inputs.unavailable,
-                    self.rule,
-                    started,
-                    disrupting,
-                    w.pdbs,
-                )
+                found_set = replace_set(*args, found=movable)
                 if found_set is not None:
                     self._start_set(ctrl, w, result, found_set)
             return

@@ -106,6 +106,10 @@ class Movable:
     """What the pods request of the node (:func:`~gpuscale.core.disruption.candidates.request_share`)."""
 
 
+Movables = tuple[list[Movable], dict[str, int], dict[str, int | None]]
+"""What :func:`movable_nodes` returns."""
+
+
 def movable_nodes(
     nodes: Sequence[Node],
     pods: Sequence[Pod],
@@ -117,7 +121,7 @@ def movable_nodes(
     started: Mapping[str, float],
     disrupting: Collection[str],
     pdbs: Sequence[PodDisruptionBudget] = (),
-) -> tuple[list[Movable], dict[str, int], dict[str, int | None]]:
+) -> Movables:
     """The ``eligible`` nodes with workload pods all bound between ``min_pod_age_s`` and ``max_pod_age_s`` ago and
     no blocker (see the module docstring), in the given order; the nodes per pool; the disruptions each pool's
     budget still allows (None: unlimited)."""
@@ -169,10 +173,15 @@ def rightsize(
     started: Mapping[str, float],
     disrupting: Collection[str],
     pdbs: Sequence[PodDisruptionBudget] = (),
+    *,
+    found: Movables | None = None,
 ) -> DisruptionAction | None:
     """The replacement of the ``eligible`` node that saves the most $/h and pays (see the module docstring), or None.
-    ``disrupting``: nodes being disrupted (not eligible; they count against the budgets)."""
-    movable, _, _ = movable_nodes(nodes, pods, eligible, pools, catalog, now, rule, started, disrupting, pdbs)
+    ``disrupting``: nodes being disrupted (not eligible; they count against the budgets). ``found``:
+    :func:`movable_nodes` of the same inputs, if already computed."""
+    if found is None:
+        found = movable_nodes(nodes, pods, eligible, pools, catalog, now, rule, started, disrupting, pdbs)
+    movable = found[0]
     best: tuple[float, DisruptionAction] | None = None
     for m in movable:
         n, pool, wl, ages, price = m.node, m.pool, m.pods, m.ages, m.price

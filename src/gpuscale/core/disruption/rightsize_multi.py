@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 from gpuscale.core import labels as L
 from gpuscale.core.disruption.replacement import _pack_split, one_node_for
-from gpuscale.core.disruption.rightsize import REASON, Movable, RightsizeRule, movable_nodes
+from gpuscale.core.disruption.rightsize import REASON, Movable, Movables, RightsizeRule, movable_nodes
 from gpuscale.core.disruption.values import ActionKind, DisruptionAction, PodDisruptionBudget, Replacement
 from gpuscale.core.memo import Memo
 from gpuscale.core.model import CapacityType, Catalog, Node, NodePool, OfferingKey, Pod
@@ -161,14 +161,17 @@ def replace_set(
     started: Mapping[str, float],
     disrupting: Collection[str],
     pdbs: Sequence[PodDisruptionBudget] = (),
+    *,
+    found: Movables | None = None,
 ) -> SetReplacement | None:
     """The set of 2 to ``rule.max_set`` ``eligible`` nodes whose replacement pays the most (see the module
-    docstring), or None. ``disrupting``: nodes being disrupted (not eligible; they count against the budgets)."""
+    docstring), or None. ``disrupting``: nodes being disrupted (not eligible; they count against the budgets).
+    ``found``: :func:`~gpuscale.core.disruption.rightsize.movable_nodes` of the same inputs, if already computed."""
     if rule.max_set < 2:
         return None
-    movable, totals, allowed = movable_nodes(
-        nodes, pods, eligible, pools, catalog, now, rule, started, disrupting, pdbs
-    )
+    if found is None:
+        found = movable_nodes(nodes, pods, eligible, pools, catalog, now, rule, started, disrupting, pdbs)
+    movable, totals, allowed = found
     groups: dict[tuple[str, str], list[Movable]] = {}
     for m in movable:
         groups.setdefault((m.pool.name, m.node.labels.get(L.CAPACITY_TYPE, "")), []).append(m)
