@@ -287,3 +287,20 @@ def test_plans_reusing_pools_and_catalog_follow_each_rounds_unavailable_offering
         assert again == fresh
         zones.append([(x.instance_type, x.zone) for x in again.launches])
     assert zones == [[("t4", "z1")], [("t4", "z2")], [("t4x", "z1")], [("t4", "z1")]]
+
+
+def test_a_finished_plan_leaves_no_reference_cycle() -> None:
+    """The planner's parts are freed by reference counting, not left for the garbage collector (a replay makes
+    thousands of plans)."""
+    import gc
+
+    nodes = [node("old", 8000, 32768, 1, "T4")]
+    s = snap([pod(f"p{i}", 1000, 1024, gpus=1) for i in range(4)], nodes)
+    plan(s, GREEDY)  # warm imports and caches outside the measured run
+    gc.collect()
+    gc.disable()
+    try:
+        plan(s, GREEDY)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()

@@ -1,5 +1,5 @@
 """A planning run's per-run caches equal what they stand for: the class of a pending pod (kept per pod by
-``Planner._classify``) is the class of its key, and a class's rows on existing and launching nodes (one shared split
+``_Classifier.classify``) is the class of its key, and a class's rows on existing and launching nodes (one shared split
 of all rows when every node passes the class's predicates) are the rows whose node passes them."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def test_class_of_and_rows_equal_recomputed(s: Snapshot) -> None:
     existing = planner.existing
     pending = [p for p in s.pods if p.node_name is None and p.phase == "Pending" and not p.is_daemonset]
     for p in pending:
-        assert planner.class_of(p) is planner._class_of[planner._key(p)]
+        assert planner.class_of(p) is planner._classifier._by_key[planner._classifier._key(p)]
         assert planner.class_of(replace(p)) is planner.class_of(p)  # an equal pod, another object: by its key
     for cls in planner.classes:
         ok = np.array(

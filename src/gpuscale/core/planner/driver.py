@@ -43,6 +43,43 @@ class _PodIndex(Mapping[str, Pod]):
         return len(self._get())
 
 
+class _Classifier:
+    """The pod classes of one planning run. Kept apart from :class:`Planner` so that the packer's reference to
+    :meth:`class_of` makes no reference cycle: a finished plan is freed at once, not by the garbage collector."""
+
+    __slots__ = ("_by_key", "_pod_class", "_workloads", "classes")
+
+    def __init__(self, workloads: Mapping[str, Mapping[str, str]]) -> None:
+        self._workloads = workloads
+        self.classes: list[PodClass] = []
+        self._by_key: dict[tuple[object, ...], PodClass] = {}
+        self._pod_class: dict[str, tuple[Pod, PodClass]] = {}
+        """Pod key -> (the pod, its class) for the pods classified (:meth:`class_of` asks again and again)."""
+
+    def _key(self, pod: Pod) -> tuple[object, ...]:
+        """The pod's class key; while a GPR is active, also which GPRs' nodes the pod may use."""
+        key = class_key(pod)
+        return (*key, matching_gprs(pod, self._workloads)) if self._workloads else key
+
+    def classify(self, pods: Iterable[Pod]) -> None:
+        by_pod = self._pod_class
+        for pod in pods:
+            key = self._key(pod)
+            cls = self._by_key.get(key)
+            if cls is None:
+                cls = PodClass(len(self.classes), pod, key=key)
+                self.classes.append(cls)
+                self._by_key[key] = cls
+            cls.pods.append(pod)
+            by_pod[pod.key] = (pod, cls)
+
+    def class_of(self, pod: Pod) -> PodClass:
+        got = self._pod_class.get(pod.key)
+        if got is not None and got[0] is pod:  # the class found by classify (the same pod object)
+            return got[1]
+        return self._by_key[self._key(pod)]
+
+
 class Planner:
     """One planning run. Use :func:`plan`."""
 
@@ -53,18 +90,11 @@ class Planner:
         table = option_table(snapshot, now)
         self.choices = ClassOptions(table)
         self.existing = ExistingNodes(snapshot, config.scorer)
+        self._classifier = _Classifier(snapshot.workloads)
+        self.classes = self._classifier.classes
+        self.class_of = self._classifier.class_of
         self.packer = GreedyPacker(self.choices, self.class_of, config.candidate_types, table)
-        self.classes: list[PodClass] = []
-        self._class_of: dict[tuple[object, ...], PodClass] = {}
-        self._pod_class: dict[str, tuple[Pod, PodClass]] = {}
-        """Pod key -> (the pod, its class) for the pods classified (:meth:`class_of` asks again and again)."""
         self.pods_by_key: Mapping[str, Pod] = _PodIndex(snapshot.pods)
-        self._workloads = snapshot.workloads
-
-    def _key(self, pod: Pod) -> tuple[object, ...]:
-        """The pod's class key; while a GPR is active, also which GPRs' nodes the pod may use."""
-        key = class_key(pod)
-        return (*key, matching_gprs(pod, self._workloads)) if self._workloads else key
 
     # -- setup
     def _initial_context(self) -> Context:
@@ -74,24 +104,6 @@ class Planner:
         nodes = [n for n in self.existing.nodes if n.pool in bounded] if bounded else []
         pool_nodes, pool_usage = pool_totals(nodes, self.snapshot.catalog)
         return Context(state, pool_nodes, pool_usage, [], {}, [])
-
-    def _classify(self, pods: Iterable[Pod]) -> None:
-        by_pod = self._pod_class
-        for pod in pods:
-            key = self._key(pod)
-            cls = self._class_of.get(key)
-            if cls is None:
-                cls = PodClass(len(self.classes), pod, key=key)
-                self.classes.append(cls)
-                self._class_of[key] = cls
-            cls.pods.append(pod)
-            by_pod[pod.key] = (pod, cls)
-
-    def class_of(self, pod: Pod) -> PodClass:
-        got = self._pod_class.get(pod.key)
-        if got is not None and got[0] is pod:  # the class found by _classify (the same pod object)
-            return got[1]
-        return self._class_of[self._key(pod)]
 
     def explain(self, ctx: Context, pod: Pod) -> Blocked:
         """Why ``pod`` got no node: the most specific reason across all pools."""
@@ -114,7 +126,7 @@ class Planner:
             elif p.gang and p.phase in ("Pending", "Running"):
                 bound_members[p.gang] = bound_members.get(p.gang, 0) + 1
         pending.sort(key=pod_order)
-        self._classify(pending)
+        self._classifier.classify(pending)
         ctx = self._initial_context()
         gangs: dict[str, list[Pod]] = {}
         singles: list[Pod] = []
