@@ -145,7 +145,8 @@ def test_room_where_none_of_its_pods_fit_still_lifts_a_rest() -> None:
         for name, cpu in (("other", 4500), ("small", 3000))
     )
     by_node = {"a": [pa], "b": [other, small]}
-    gate.rest("a", frozenset({pa.key}), 0.0)
+    gate.select({"a"}, set(), nodes, by_node, [pa, other, small], False, {}, frozenset(), 1.0, lambda _: pool)
+    gate.rest("a", frozenset({pa.key}), 1.0)  # (the pods bound to b since the first rest end it: rested again)
     assert gate.select({"a"}, set(), nodes, by_node, [pa, other, small], False, {}, frozenset(), 5.0,
                        lambda _: pool) == []  # fmt: skip
     by_node = {"a": [pa], "b": [other]}  # small left b: 3.5 CPUs free there, pa wants 6

@@ -14,12 +14,16 @@ keeps what lets most rounds skip it:
   on the pods and nodes it sees, the disruptions under way, offerings, PDB allowances and the time (budget
   windows). So a rest ends when: its own pods change; room appears anywhere (a pod leaves a node, a pending pod
   planned onto a node stops holding room there, a node joins or its allocatable changes: the pass packs pods
-  best-fit over every node, so no finer test is sound); a node joins or a node in flight appears (budgets in
-  percent and minNodes count them); a disruption starts or ends (for a rest by a budget, also one that the resting
-  pass started itself and that ended before the next round: :meth:`ConsolidationGate.started`); unavailable
-  offerings change; while PDBs exist,
-  bound pods move or the pending pods not planned anywhere change; one of its pool's scheduled budgets opens or
-  closes (:func:`budget_edge`); or ``consolidationRetry`` passes (a safety net). A node kept by a budget rests
+  best-fit over every node, so no finer test is sound); room is taken on a node one of its pods could take as
+  that node stood at the last round (a pod binds or is planned there, the node is cordoned or goes: best-fit is not
+  monotone in the room either, a fuller node can become one pod's best fit and leave room for another) and a pass
+  over the resting nodes so hit, alone, would act now (the controller's probe: when it acts on none, each was judged
+  with no action before it, as in a full pass until its first action, which ends every rest next round); a node
+  joins or a node in flight appears (budgets in percent and minNodes count them); a disruption starts or ends (for
+  a rest by a budget, also one that the resting pass started itself and that ended before the next round:
+  :meth:`ConsolidationGate.started`); unavailable offerings change; while PDBs exist, bound pods move or the pending
+  pods not planned anywhere change; one of its pool's scheduled budgets opens or closes (:func:`budget_edge`); or
+  ``consolidationRetry`` passes (a safety net). A node kept by a budget rests
   until a *timed* end that is a wake-up time (:meth:`ConsolidationGate.wake_times`): a budget's room counts
   disruptions as the pass sees them, so a quiet cluster must still look again then.
 - **the pass rate** (``disruptionInterval``) and **the unchanged-inputs skip**, keyed by the pass's inputs (nodes
@@ -46,7 +50,7 @@ from dataclasses import dataclass
 from gpuscale.controller.config import ControllerConfig
 from gpuscale.core.cron import parse_cron
 from gpuscale.core.disruption import DisruptionReason, classify_node
-from gpuscale.core.disruption.passmemo import PassMemo
+from gpuscale.core.disruption.passmemo import PassMemo, build_row, may_take
 from gpuscale.core.model import Node, NodePool, OfferingKey, Pod
 from gpuscale.core.resources import Resources
 
@@ -231,12 +235,14 @@ class ConsolidationGate:
         pool_of: PoolOf,
         planned: Mapping[str, str] | None = None,
         flying: frozenset[str] = frozenset(),
+        probe: Callable[[set[str]], bool] | None = None,
     ) -> list[str]:
         """The candidates due for a pass now: reasons refreshed where something changed, clocks started, resting
         nodes left out (unless what rests them changed). ``planned``: pending pods the pass places on nodes (pod
         key -> node name; they hold room there and do not count as disrupted for PDBs); ``flying``: claims of nodes
         in flight (the pass counts them in its pools' totals for budgets and minNodes). Only the unbound ones of
-        ``pods`` are read (the pending pods)."""
+        ``pods`` are read (the pending pods). ``probe``: whether a pass over the given resting nodes alone, now,
+        would act (asked only when room was taken where their pods fit; None: their rests end then)."""
 
         def on_node(name: str) -> frozenset[str]:
             return frozenset(p.key for p in by_node.get(name, ()))
@@ -306,12 +312,29 @@ class ConsolidationGate:
             self._started = frozenset()
         if self.futile:
             resting = len(self.futile)
+            # room taken on a node (a pod bound or planned there, the node cordoned or gone): the rests whose pods
+            # could take that node's room before end (best-fit is not monotone in the room: see _shrunk_rests)
+            hit: set[str] = set()
+            if not changed:
+                shrunk = pods_moved - left_some
+                if planned:
+                    old = prev_planned.get
+                    shrunk |= {n for k, n in planned.items() if old(k) != n}
+                if room is not prev_room:
+                    shrunk |= prev_room.keys() - room.keys()
+                if shrunk:
+                    hit = self._shrunk_rests(shrunk, prev_room, prev_seen, prev_by_node, by_node)
+                    futile = self.futile  # (only rests that nothing else ends are probed)
+                    hit = {n for n in hit if n in candidates and n not in pods_moved and futile[n][1] > now}
+                    if hit and probe is not None and not probe(hit):
+                        hit = set()  # judged as they were: each kept with no action before it (see rest ends)
             # a rest whose pods matched at the last round still does if its node's pods did not change since
             matched = self._rests_matched
             self.futile = {
                 n: (keys, until)
                 for n, (keys, until) in self.futile.items()
                 if not changed
+                and n not in hit
                 and until > now
                 and n in candidates
                 and ((n in matched and n not in pods_moved) or keys == on_node(n))
@@ -431,6 +454,32 @@ class ConsolidationGate:
             self.mismatches.append(Mismatch(now, "decisions", cached, reference))
 
     # ------------------------------------------------------------------------------------------------ internals
+    def _shrunk_rests(
+        self,
+        shrunk: set[str],
+        prev_room: Mapping[str, Resources],
+        prev_seen: Sequence[Node],
+        prev_by_node: Mapping[str, Sequence[Pod]],
+        by_node: Mapping[str, Sequence[Pod]],
+    ) -> set[str]:
+        """The resting nodes some pod of which could take the room that one of the ``shrunk`` nodes had at the last
+        round (its allocatable less its bound pods then: at least the room the pass saw, which counted planned pods
+        too). Room taken on a node can change a resting node's outcome: the pass packs best-fit, so a fuller node
+        can become a pod's best fit and leave another node's room to a second pod (seen on the openb replay: a pod
+        bound to an empty node kept by emptyWait made a resting node's two pods fit). A node none of a resting
+        node's pods fit is never chosen for them, before or after, so their packing is unchanged: the same test as
+        the pass memo's (:func:`~gpuscale.core.disruption.passmemo.may_take`, without GPR workload selectors, which
+        only narrow it)."""
+        before = {n.name: n for n in prev_seen if n.name in shrunk and n.name in prev_room}
+        if not before:  # none was a destination at the last round
+            return set()
+        rows = [build_row(n, prev_by_node.get(name) or ()) for name, n in before.items()]
+        return {
+            name
+            for name in self.futile
+            if any(may_take(row, p, None) for p in by_node.get(name, ()) for row in rows if row.node.name != name)
+        }
+
     def _reason(
         self,
         name: str,

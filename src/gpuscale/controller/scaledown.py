@@ -55,6 +55,12 @@ class ScaleDownSteps(ShellBase):
         offerings = self.availability.offerings
         unavailable_now = frozenset([k for k, t in offerings.items() if t > now]) if offerings else _NONE
         last_pass = gate.last_pass_at
+
+        def probe(resting: set[str]) -> bool:
+            """Whether a pass over these resting nodes alone would act now (room was taken where their pods fit)."""
+            inputs = self._disruption_inputs(w, planned)
+            return bool(self._disruption_pass(inputs, resting, disrupting, dict(gate.since), w).actions)
+
         due = gate.select(
             candidates,
             disrupting,
@@ -68,6 +74,7 @@ class ScaleDownSteps(ShellBase):
             self._pool_of_node,
             planned,
             flying,
+            probe,
         )
         reference = None
         if gate.check and now - last_pass >= self.config.disruption_interval_s:
