@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from gpuscale.controller.shell import ReconcileResult, World
 from gpuscale.core.disruption.rightsize import RightsizeRule, movable_nodes, next_look, rightsize
 from gpuscale.core.disruption.rightsize_multi import SetReplacement, replace_set
+from gpuscale.core.disruption.values import DisruptionAction
 from gpuscale.core.reconcile import EventKind, Outcome
 
 if TYPE_CHECKING:
@@ -85,22 +86,10 @@ class Rightsizing:
         if outcome not in (Outcome.OK, Outcome.RETRY):
             return
         rids = tuple(k for k, c in ctrl.claims.items() if c.replaces == action.node and k not in before and c.alive)
-        ctrl.replacements.start(action.node, rids, action)
-        ctrl._cordon_replaced(action.node, w)
+        _begin(ctrl, w, result, action, rids)
         result.launched += 1 if outcome is Outcome.OK else 0
-        result.disrupted += 1
         self.stats.replaced += 1
         self.stats.saving_per_hour += action.savings_per_hour
-        ctrl._record(
-            w.now,
-            EventKind.CONSOLIDATE,
-            f"node/{action.node}",
-            str(action.reason),
-            action.message,
-            action="Replace",
-            pool=action.pool,
-            savingsPerHour=round(action.savings_per_hour, 6),
-        )
 
     def _start_set(self, ctrl: Controller, w: World, result: ReconcileResult, s: SetReplacement) -> None:
         """Launch the new nodes of a set replacement (request ids derived from the set and each new node, so a
@@ -141,19 +130,26 @@ class Rightsizing:
                 )
             return
         for action in s.actions:
-            ctrl.replacements.start(action.node, rids, action)
-            ctrl._cordon_replaced(action.node, w)
-            result.disrupted += 1
-            ctrl._record(
-                w.now,
-                EventKind.CONSOLIDATE,
-                f"node/{action.node}",
-                str(action.reason),
-                action.message,
-                action="Replace",
-                pool=action.pool,
-                savingsPerHour=round(action.savings_per_hour, 6),
-            )
+            _begin(ctrl, w, result, action, rids)
         self.stats.replaced += len(s.nodes)
         self.stats.sets += 1
         self.stats.saving_per_hour += s.saving_per_hour
+
+
+def _begin(
+    ctrl: Controller, w: World, result: ReconcileResult, action: DisruptionAction, rids: tuple[str, ...]
+) -> None:
+    """Start replacing ``action.node`` by the claims ``rids``: recorded, cordoned, counted and reported."""
+    ctrl.replacements.start(action.node, rids, action)
+    ctrl._cordon_replaced(action.node, w)
+    result.disrupted += 1
+    ctrl._record(
+        w.now,
+        EventKind.CONSOLIDATE,
+        f"node/{action.node}",
+        str(action.reason),
+        action.message,
+        action="Replace",
+        pool=action.pool,
+        savingsPerHour=round(action.savings_per_hour, 6),
+    )
