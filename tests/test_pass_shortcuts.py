@@ -9,8 +9,8 @@ from dataclasses import replace
 from gpuscale.core.disruption import plan_disruption
 from gpuscale.core.disruption.budgets import allowed_disruptions
 from gpuscale.core.disruption.candidates import find_candidates
-from gpuscale.core.disruption.passmemo import PassMemo, Row, rows_of
-from gpuscale.core.disruption.values import DisruptionReason
+from gpuscale.core.disruption.passmemo import Judged, PassMemo, Row, rows_of
+from gpuscale.core.disruption.values import BudgetVerdict, Candidate, DisruptionReason, KeepReason, Kept
 from gpuscale.core.model import Disruption, DisruptionBudget, Node, NodePool, Pod
 from test_disruption_passmemo import CATALOG, T0, _node, _pod, _pool
 
@@ -121,3 +121,36 @@ def test_candidates_found_among_the_named_ones_are_those_of_every_destination() 
     plan_all = plan_disruption(nodes, pods, [pool], CATALOG, T0, since=since, candidates=only)
     plan_memo = plan_disruption(nodes, pods, [pool], CATALOG, T0, since=since, candidates=only, memo=PassMemo())
     assert plan_memo == plan_all
+
+
+def test_judged_candidates_see_the_rows_order_of_the_pass_as_without_the_shortcut() -> None:
+    """A pass given the very rows the last pass kept reads their order from the memo (the same dict, never changed);
+    other rows, even of the same Row objects, are ordered afresh: a tie between two rows its pod may take, broken the
+    other way, no longer keeps the judged candidate (and does again once a pass kept that order)."""
+    pool = _pool()
+    nodes = [_node("n0", "g1", pool), _node("n1", "g2", pool), _node("n2", "g2", pool)]
+    pod = _pod("a", "n0", gpus=1)
+    by_node = _by_node([pod])
+    memo = PassMemo()
+    rows, _, total = rows_of(nodes, by_node, memo)
+    cand = Candidate(nodes[0], pool, DisruptionReason.UNDERUTILIZED, "low", [pod], 0.5, 1.0)
+    kept = Kept("n0", pool.name, KeepReason.NO_REPLACEMENT, "kept", DisruptionReason.UNDERUTILIZED)
+    judged = {"n0": Judged(cand, T0, False, kept, None, None)}
+    key = ("k",)
+
+    def valid(rows: dict[str, Row]) -> set[str]:
+        def verdict(c: Candidate) -> BudgetVerdict:
+            raise AssertionError("no verdict was kept")
+
+        got = memo.valid(T0, key, rows, set(), total, [cand], {"n0": T0}, (), verdict, {}, {}, None)
+        return set(got)
+
+    memo.remember(T0, key, rows, total, judged, {}, {})
+    assert valid(rows) == {"n0"}
+    swapped = {name: rows[name] for name in ("n0", "n2", "n1")}  # the same rows, the tie broken the other way
+    assert valid(swapped) == set()
+    memo.remember(T0, key, swapped, total, judged, {}, {})
+    assert memo.order == ["n0", "n2", "n1"] and valid(swapped) == {"n0"}
+    assert valid(rows) == set()
+    memo.remember(T0, key, swapped, total, judged, {}, {})  # the same rows kept again: the same order
+    assert memo.order == list(swapped)

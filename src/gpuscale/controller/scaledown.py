@@ -38,6 +38,7 @@ from gpuscale.providers.base import CloudNodeState
 _FLYING = (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED)
 """Claim phases whose node may be in flight (a pass counts it as a launching node)."""
 _NONE: frozenset[OfferingKey] = frozenset()
+_INITIALIZED = (ClaimPhase.INITIALIZED,)
 _PLANNING = (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED)
 """Claim phases whose pods are planned onto the claim's node once it is listed."""
 
@@ -214,16 +215,10 @@ class ScaleDownSteps(ShellBase):
             candidates = gate.candidate_nodes[1]
         else:
             candidates = set()
-            for key, c in self.claims.items():
+            for key, c in self.claims.in_phases(_INITIALIZED):  # (in table order: the same set, built in that order)
                 name = c.node_name
                 # neither a node being replaced nor one of its (already ready) replacements is a candidate
-                if (
-                    name
-                    and c.phase is ClaimPhase.INITIALIZED
-                    and name not in replacing
-                    and c.replaces not in replacing
-                    and key not in held
-                ):
+                if name and name not in replacing and c.replaces not in replacing and key not in held:
                     candidates.add(name)
             gate.candidate_nodes = (key_of_candidates, candidates)
         disrupting.update(c.node_name for _, c in self.claims.in_phases(LEAVING) if c.node_name)
@@ -246,7 +241,7 @@ class ScaleDownSteps(ShellBase):
         """Pods (pending ones already planned onto existing nodes hold their room there and protect those nodes),
         nodes (with nodes in flight), and the unavailable offerings, as a pass sees them. ``planned``: the round's
         :meth:`_planned` (computed once per round; nothing in the consolidation step changes it)."""
-        pods = list(w.pods)
+        pods: list[Pod] = w.pods  # (copied before a planned pod replaces one: World.pods is never changed)
         protected: frozenset[str] = frozenset()
         by_node: Mapping[str, Sequence[Pod]] = w.by_node()  # (World.pods are the live pods the pass groups)
         if planned:
@@ -255,12 +250,14 @@ class ScaleDownSteps(ShellBase):
             # node are the same (kept for the pods planned now only)
             made = self.__dict__.get("_planned_pods", {})
             kept: dict[str, tuple[Pod, str, Pod]] = {}
-            for i, p in enumerate(pods):
+            for i, p in enumerate(w.pods):
                 if p.node_name is None and p.phase == "Pending" and (on := planned.get(p.key)) is not None:  # (pending)
                     last = made.get(p.key)
                     if last is None or last[0] is not p or last[1] != on:
                         last = (p, on, replace(p, node_name=on))
                     kept[p.key] = last
+                    if pods is w.pods:
+                        pods = list(pods)
                     pods[i] = last[2]
             self.__dict__["_planned_pods"] = kept
             if kept:  # the planned nodes' lists gain the planned pods, in pods' order

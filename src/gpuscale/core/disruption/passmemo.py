@@ -41,11 +41,12 @@ from gpuscale.core.resources import MILLI_PER_GPU
 from gpuscale.core.state import fresh_gpu_row
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class Row:
     """A destination node's room with its bound pods (free CPU, memory and milli-GPU may be negative when
     overcommitted), as a pass accounts it. Compared by identity: a row reused from the last pass is the same
-    object."""
+    object. Never written once built (not frozen only because a frozen dataclass's ``__init__`` sets each field
+    through ``object.__setattr__``: a third of :func:`build_row`, ~25 k rows per openb replay)."""
 
     node: Node
     pods: Sequence[Pod]
@@ -255,21 +256,27 @@ class PassMemo:
         judged = self.judged
         if not judged or now < self.now or key != self.key:
             return {}
-        order = list(rows)
-        reorder = order != self.order and [n for n in order if n not in changed] != [
-            n for n in self.order if n not in changed
-        ]  # the unchanged rows' order breaks best-fit ties: then only the rows some candidate pod may take count
+        if rows is self.rows:  # the very rows the last pass kept (never changed since): the same order
+            order, reorder = self.order, False
+        else:
+            order = list(rows)
+            reorder = order != self.order and [n for n in order if n not in changed] != [
+                n for n in self.order if n not in changed
+            ]  # the unchanged rows' order breaks best-fit ties: then only the rows some candidate pod may take count
+        # each changed row before and after the change (a row none of a candidate's pods may take leaves it as judged)
+        moved = [r for other in changed for r in (rows.get(other), self.rows.get(other)) if r is not None]
         out: dict[str, Judged] = {}
         for c in cands:
             name = c.node.name
             j = judged.get(name)
-            if j is None or j.cand != c or j.since != since[name] or j.protected != (name in protected):
-                continue
-            if name in changed or any(
-                r is not None and any(may_take(r, p, workloads) for p in c.pods)
-                for other in changed
-                for r in (rows.get(other), self.rows.get(other))
+            if (
+                j is None
+                or (j.cand is not c and j.cand != c)
+                or j.since != since[name]
+                or j.protected != (name in protected)
             ):
+                continue
+            if name in changed or (moved and any(may_take(r, p, workloads) for r in moved for p in c.pods)):
                 continue
             if reorder and _takers(order, changed, rows, c, workloads) != _takers(
                 self.order, changed, rows, c, workloads
@@ -314,9 +321,11 @@ class PassMemo:
         budgets: dict[str, tuple[int, int]],
     ) -> None:
         """Keep this pass's rows, total and judged candidates (``key`` empty: none may be reused)."""
+        if rows is not self.rows:  # (the same dict, never changed once made, keeps its order)
+            self.order = list(rows)
         self.now, self.key, self.rows, self.total = now, key, rows, free_total
         self.judged = judged if key else {}
-        self.order, self.counts, self.budgets = list(rows), counts, budgets
+        self.counts, self.budgets = counts, budgets
 
 
 def _scheduled(pool: NodePool) -> bool:

@@ -38,6 +38,8 @@ from gpuscale.core.resources import MILLI_PER_GPU, Request
 from gpuscale.core.state import best_gpu, fresh_gpu_row
 from gpuscale.core.templates import pool_totals
 
+_NONE: frozenset[tuple[OfferingKey, float]] = frozenset()  # (the memo key of "no offering unavailable")
+
 
 class _Rows:
     """Free room of the simulated destination rows, as plain lists (a pass moves a handful of pods over a few dozen
@@ -369,7 +371,7 @@ def plan_disruption(
             catalog,
             allow_replace,
             workloads,
-            frozenset((k, t) for k, t in (unavailable or {}).items() if t > now),
+            frozenset([(k, t) for k, t in unavailable.items() if t > now]) if unavailable else _NONE,
             # the pools' totals (launching nodes too) decide replacements only under maxNodes or limits
             pool_totals(nodes, catalog) if any(p.max_nodes is not None or p.limits.bounded for p in pools) else None,
         )
