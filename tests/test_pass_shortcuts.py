@@ -4,14 +4,15 @@ among the named ones only. Each answer equals the one computed without the short
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 from gpuscale.core.disruption import plan_disruption
 from gpuscale.core.disruption.budgets import allowed_disruptions
-from gpuscale.core.disruption.candidates import find_candidates
+from gpuscale.core.disruption.candidates import classify, classify_node, find_candidates, is_live, workload_pods
 from gpuscale.core.disruption.passmemo import Judged, PassMemo, Row, rows_of
 from gpuscale.core.disruption.values import BudgetVerdict, Candidate, DisruptionReason, KeepReason, Kept
-from gpuscale.core.model import Disruption, DisruptionBudget, Node, NodePool, Pod
+from gpuscale.core.model import ConsolidationPolicy, Disruption, DisruptionBudget, Node, NodePool, Pod
 from test_disruption_passmemo import CATALOG, T0, _node, _pod, _pool
 
 
@@ -154,3 +155,34 @@ def test_judged_candidates_see_the_rows_order_of_the_pass_as_without_the_shortcu
     assert valid(rows) == set()
     memo.remember(T0, key, swapped, total, judged, {}, {})  # the same rows kept again: the same order
     assert memo.order == list(swapped)
+
+
+def test_a_reason_without_its_message_is_the_classified_one() -> None:
+    """classify_node (the gate's reasons, every touched candidate) filters the live workload pods and formats no
+    message: the same reason as classify over the live workload pods, over pools, policies, thresholds, measured
+    utilisation, drift, daemonsets and finished pods."""
+    rng = random.Random(7)
+    base = _pool()
+    seen: set[object] = set()
+    for _ in range(400):
+        d = Disruption(
+            consolidation_policy=rng.choice(list(ConsolidationPolicy)),
+            utilization_threshold=rng.choice([0.2, 0.5, 0.9]),
+            use_measured_gpu_utilization=rng.random() < 0.5,
+        )
+        pool = replace(base, disruption=d, zones=("nowhere",) if rng.random() < 0.1 else base.zones)
+        node = _node("n0", rng.choice(["g1", "g2", "g4", "c4"]), base)
+        pods = [
+            replace(
+                _pod(f"p{i}", "n0", **rng.choice([{}, {}, {"gpus": 1}, {"milli": 250}]), cpu=rng.choice([100, 3000])),
+                phase=rng.choice(["Running", "Running", "Pending", "", "Succeeded", "Failed"]),
+                is_daemonset=rng.random() < 0.2,
+            )
+            for i in range(rng.randint(0, 3))
+        ]
+        util = {"n0": rng.random()} if rng.random() < 0.5 else {}
+        live = workload_pods(p for p in pods if is_live(p))
+        full = classify(node, pool, live, util)
+        assert classify_node(node, pool, pods, util) == (full[0] if full is not None else None)
+        seen.add(full[0] if full is not None else None)
+    assert seen == {None, *DisruptionReason}  # every reason (and none) was met

@@ -97,25 +97,34 @@ def request_share(node: Node, pods: Sequence[Pod]) -> float:
 def classify(
     node: Node, pool: NodePool, pods: Sequence[Pod], utilization: Mapping[str, float]
 ) -> tuple[DisruptionReason, str] | None:
+    """Why ``node`` (of ``pool``, running the workload ``pods``) is a disruption candidate, with a message, or None."""
+    return _judge(node, pool, pods, utilization, True)
+
+
+def _judge(
+    node: Node, pool: NodePool, pods: Sequence[Pod], utilization: Mapping[str, float], explain: bool
+) -> tuple[DisruptionReason, str] | None:
+    """:func:`classify`; ``explain`` False leaves the message of a node not drifted empty (the same reasons)."""
     drift = conforms(node, pool)
     if drift is not None:
         return DisruptionReason.DRIFTED, drift
     if not pods:
         return DisruptionReason.EMPTY, "no workload pods"
     if node.allocatable.gpus > 0 and not any(p.request.wants_gpu for p in pods):
-        return DisruptionReason.EMPTY, f"GPU node runs only CPU-only pods ({len(pods)})"
+        return DisruptionReason.EMPTY, f"GPU node runs only CPU-only pods ({len(pods)})" if explain else ""
     d = pool.disruption
     if d.consolidation_policy is not ConsolidationPolicy.WHEN_EMPTY_OR_UNDERUTILIZED:
         return None
     share = request_share(node, pods)
     if share >= d.utilization_threshold:
         return None
-    msg = f"requests use {share:.0%} of the node (threshold {d.utilization_threshold:.0%})"
+    msg = f"requests use {share:.0%} of the node (threshold {d.utilization_threshold:.0%})" if explain else ""
     if d.use_measured_gpu_utilization and node.allocatable.gpus > 0 and node.name in utilization:
         measured = utilization[node.name]
         if measured >= d.utilization_threshold:
             return None
-        msg += f", measured GPU utilisation {measured:.0%}"
+        if explain:
+            msg += f", measured GPU utilisation {measured:.0%}"
     return DisruptionReason.UNDERUTILIZED, msg
 
 
@@ -126,7 +135,9 @@ def classify_node(
 
     The cheap first step of :func:`plan_disruption`, which callers use to start ``consolidateAfter`` clocks without
     simulating anything."""
-    cls = classify(node, pool, workload_pods(p for p in pods if is_live(p)), utilization or {})
+    # the live workload pods (is_live and workload_pods, inlined); no message is formatted (only the reason is read)
+    live = [p for p in pods if (p.phase == "Pending" or p.phase == "Running" or p.phase == "") and not p.is_daemonset]
+    cls = _judge(node, pool, live, utilization or {}, False)
     return cls[0] if cls is not None else None
 
 
