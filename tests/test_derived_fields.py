@@ -38,7 +38,14 @@ def _hash_of_fields(r: Request) -> int:
     return hash((r.cpu_milli, r.memory_mib, r.gpus, r.gpu_milli, r.gpu_models))
 
 
-@pytest.mark.parametrize("r", REQUESTS, ids=repr)
+def _id(r: Request) -> str:
+    """A test id that is the same in every process (a frozenset's repr follows the string hash seed, and xdist workers
+    must collect the same ids)."""
+    models = "none" if r.gpu_models is None else "+".join(sorted(r.gpu_models)) or "empty"
+    return f"{r.cpu_milli}m-{r.memory_mib}Mi-{r.gpus}g-{r.gpu_milli}mg-{models}"
+
+
+@pytest.mark.parametrize("r", REQUESTS, ids=_id)
 def test_request_derived_fields_match_their_formulas(r: Request) -> None:
     assert r.gpu_demand_milli == r.gpus * MILLI_PER_GPU + r.gpu_milli
     assert r.wants_gpu is (r.gpus > 0 or r.gpu_milli > 0)
