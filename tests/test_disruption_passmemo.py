@@ -253,3 +253,20 @@ def test_pass_inputs_are_equal_only_when_every_part_is() -> None:
     assert same != PassInputs(small, [nodes[0], replace(nodes[1], unschedulable=True)], pods)
     assert same != PassInputs(small, nodes, [replace(pods[0], node_name="b"), pods[1]])
     assert same != None  # noqa: E711 (the gate's key before the first pass)
+
+
+def test_room_a_candidate_pod_could_use_before_the_change_runs_the_pass() -> None:
+    """The reverse of the total-room case: a2 (g1, empty) takes a1's small pod, so only the large one is left (1
+    pod). A CPU-heavy pod then fills a2's CPU: a2 as it is now takes none of a1's pods and the total-room filter
+    (the c32's CPU, a3's GPU) still passes, but a2 as it was took the small pod, so the pass runs again and both pods
+    are left (2 pods)."""
+    nodes = [_node("a1", "g4", POOL), _node("a2", "g1", POOL), _node("a3", "g1", POOL), _node("c", "c32", POOL)]
+    pods = [
+        _pod("big", "a1", gpus=1, cpu=20000),
+        _pod("small", "a1", milli=500, cpu=1000),
+        _pod("y", "a3", cpu=7800),
+    ]
+    before = _plan(nodes, pods, None)
+    assert "1 pod(s)" in before.kept[0].message
+    again, memo = _twice(nodes, pods, [*pods, _pod("z", "a2", cpu=7800)])
+    assert memo.hits == 0 and "2 pod(s)" in again.kept[0].message
