@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from gpuscale.core.disruption import DisruptionPlan, plan_disruption
 from gpuscale.core.disruption.passmemo import PassMemo, rows_of
+from gpuscale.core.disruption.values import KeepReason
 from gpuscale.core.model import (
     CapacityType,
     Catalog,
@@ -270,3 +272,70 @@ def test_room_a_candidate_pod_could_use_before_the_change_runs_the_pass() -> Non
     assert "1 pod(s)" in before.kept[0].message
     again, memo = _twice(nodes, pods, [*pods, _pod("z", "a2", cpu=7800)])
     assert memo.hits == 0 and "2 pod(s)" in again.kept[0].message
+
+
+def _pass(
+    nodes: list[Node],
+    pods: list[Pod],
+    memo: PassMemo | None,
+    now: float = T0,
+    since: float = 0.0,
+    pool: NodePool = POOL,
+    catalog: Catalog = CATALOG,
+) -> DisruptionPlan:
+    return plan_disruption(
+        nodes, pods, [pool], catalog, now, since={n.name: since for n in nodes}, candidates={"a1"}, memo=memo
+    )
+
+
+def _kept_then(first: dict[str, Any], then: dict[str, Any], nodes: list[Node], pods: list[Pod]) -> DisruptionPlan:
+    """A pass with ``first``'s arguments keeps a1 (a1 alone) and records it in a memo; the pass with ``then``'s
+    arguments given that memo decides as one without it, never reusing the first pass's verdict."""
+    memo = PassMemo()
+    kept = _pass(nodes, pods, memo, **first)
+    assert not kept.actions and [k.node for k in kept.kept] == ["a1"]
+    again = _pass(nodes, pods, memo, **then)
+    assert again == _pass(nodes, pods, None, **then)
+    assert memo.hits == 0
+    return again
+
+
+BIG_ON_G4 = (
+    [_node("a1", "g4", POOL), _node("a2", "g4", POOL), _node("c", "c4", POOL)],
+    [_pod("w1", "a1", gpus=1, cpu=20000), _pod("w2", "a2", gpus=4, cpu=1000), _pod("x", "c", cpu=500)],
+)
+"""a1 (g4) kept: its 1-GPU pod is too large for a cheaper g1 and fits nowhere else."""
+
+
+def test_a_candidate_that_became_one_again_later_is_judged_again() -> None:
+    """The candidate's time (since) moves to now: it waits out consolidateAfter instead of being kept as before."""
+    again = _kept_then({}, {"now": T0 + 10, "since": T0 + 10}, *BIG_ON_G4)
+    assert [str(k.reason) for k in again.kept] == [str(KeepReason.WAITING)]
+
+
+def test_a_pass_earlier_than_the_last_one_is_judged_again() -> None:
+    """The clock goes back to before a1's consolidateAfter ran out: a1 waits again (its time is the same)."""
+    again = _kept_then({"now": T0 + 100, "since": T0}, {"now": T0 + 10, "since": T0}, *BIG_ON_G4)
+    assert [str(k.reason) for k in again.kept] == [str(KeepReason.WAITING)]
+
+
+def test_another_catalog_is_judged_again() -> None:
+    """A catalog with a cheaper 1-GPU type large enough for the pod: a1 is replaced."""
+    roomy = Catalog("t2", (*CATALOG.instance_types, _it("g1x", 24, 64, 1, 1.5)))
+    again = _kept_then({}, {"now": T0 + 10, "catalog": roomy}, *BIG_ON_G4)
+    assert [(a.node, str(a.kind)) for a in again.actions] == [("a1", "Replace")]
+
+
+def test_a_pool_grown_past_min_nodes_is_judged_again() -> None:
+    """minNodes 2 keeps a1 (its pod fits on a2, the pool has 2 nodes); a cordoned node joins the pool (no row: only
+    the pool's count changes) and a1 is deleted."""
+    pool = replace(POOL, min_nodes=2)
+    nodes = [_node("a1", "g1", pool), _node("a2", "g1", pool)]
+    pods = [_pod("w", "a1", milli=250, cpu=500)]
+    memo = PassMemo()
+    kept = _pass(nodes, pods, memo, pool=pool)
+    assert [str(k.reason) for k in kept.kept] == [str(KeepReason.MIN_NODES)]
+    grown = [*nodes, replace(_node("a3", "g1", pool), unschedulable=True)]
+    again = _pass(grown, pods, memo, now=T0 + 10, pool=pool)
+    assert again == _pass(grown, pods, None, now=T0 + 10, pool=pool)
+    assert memo.hits == 0 and [(a.node, str(a.kind)) for a in again.actions] == [("a1", "Delete")]
