@@ -339,3 +339,12 @@ def test_a_pool_grown_past_min_nodes_is_judged_again() -> None:
     again = _pass(grown, pods, memo, now=T0 + 10, pool=pool)
     assert again == _pass(grown, pods, None, now=T0 + 10, pool=pool)
     assert memo.hits == 0 and [(a.node, str(a.kind)) for a in again.actions] == [("a1", "Delete")]
+
+
+def test_a_scheduled_budget_is_judged_again_as_time_passes() -> None:
+    """A budget of 0 for the first 10 minutes of each hour: a1 is kept at T0 (46:40 past the hour), and 15 minutes
+    later (the pool's node counts unchanged) the budget blocks it."""
+    window = DisruptionBudget("0", schedule="0 * * * *", duration_s=600.0)
+    pool = NodePool("gpu", disruption=Disruption(consolidate_after_s=30.0, budgets=(DisruptionBudget("100%"), window)))
+    again = _kept_then({"pool": pool}, {"now": T0 + 900, "pool": pool}, *BIG_ON_G4)
+    assert [str(k.reason) for k in again.kept] == [str(KeepReason.BUDGET)]
