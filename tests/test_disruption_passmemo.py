@@ -282,9 +282,18 @@ def _pass(
     since: float = 0.0,
     pool: NodePool = POOL,
     catalog: Catalog = CATALOG,
+    utilization: dict[str, float] | None = None,
 ) -> DisruptionPlan:
     return plan_disruption(
-        nodes, pods, [pool], catalog, now, since={n.name: since for n in nodes}, candidates={"a1"}, memo=memo
+        nodes,
+        pods,
+        [pool],
+        catalog,
+        now,
+        since={n.name: since for n in nodes},
+        candidates={"a1"},
+        utilization=utilization,
+        memo=memo,
     )
 
 
@@ -348,3 +357,16 @@ def test_a_scheduled_budget_is_judged_again_as_time_passes() -> None:
     pool = NodePool("gpu", disruption=Disruption(consolidate_after_s=30.0, budgets=(DisruptionBudget("100%"), window)))
     again = _kept_then({"pool": pool}, {"now": T0 + 900, "pool": pool}, *BIG_ON_G4)
     assert [str(k.reason) for k in again.kept] == [str(KeepReason.BUDGET)]
+
+
+def test_a_candidate_with_another_message_is_judged_again() -> None:
+    """The measured GPU utilisation of a1 changes (its node, pods and row do not): the candidate's message, and so
+    its kept message, is the new one."""
+    measured = replace(POOL.disruption, use_measured_gpu_utilization=True)
+    pool = replace(POOL, disruption=measured)
+    again = _kept_then(
+        {"pool": pool, "utilization": {"a1": 0.1}},
+        {"now": T0 + 10, "pool": pool, "utilization": {"a1": 0.2}},
+        *BIG_ON_G4,
+    )
+    assert "measured GPU utilisation 20%" in again.kept[0].message
