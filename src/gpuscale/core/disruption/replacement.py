@@ -188,7 +188,7 @@ def split_replacement(
         tuple((p.key, p.request, tuple(sorted(p.node_selector.items())), p.affinity, p.tolerations) for p in pods),
         frozenset((k, t) for k, t in unavailable.items() if t > now),
     )
-    found = _SPLITS.get(lambda: _pack_split(pods, room, catalog, now, unavailable), values, objects=(*room, catalog))
+    found = _SPLITS.get(lambda: pack_new_nodes(pods, room, catalog, now, unavailable), values, objects=(*room, catalog))
     if len(found) < 2 or sum(r.hourly_price for r in found) >= ceiling - 1e-9:
         return ()
     return found
@@ -243,7 +243,7 @@ def _derived(pool: NodePool, changes: dict[str, Any]) -> NodePool:
 _DERIVED: Memo[NodePool] = Memo(1024)
 
 
-def _pack_split(
+def pack_new_nodes(
     pods: Sequence[Pod],
     pools: tuple[NodePool, ...],
     catalog: Catalog,

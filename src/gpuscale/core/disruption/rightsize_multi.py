@@ -28,7 +28,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from gpuscale.core import labels as L
-from gpuscale.core.disruption.replacement import _pack_split, one_node_for
+from gpuscale.core.disruption.replacement import one_node_for, pack_new_nodes
 from gpuscale.core.disruption.rightsize import REASON, Movable, Movables, RightsizeRule, movable_nodes
 from gpuscale.core.disruption.values import ActionKind, DisruptionAction, PodDisruptionBudget, Replacement
 from gpuscale.core.memo import Memo
@@ -111,7 +111,7 @@ def _cheapest_mix(
 ) -> tuple[Replacement, ...]:
     one = one_node_for(pods, pool, catalog, now, unavailable, (capacity_type,))
     only = _POOLS.get(lambda: replace(pool, capacity_types=(capacity_type,)), str(capacity_type), objects=(pool,))
-    packed = _pack_split(pods, (only,), catalog, now, unavailable)
+    packed = pack_new_nodes(pods, (only,), catalog, now, unavailable)
     if one is not None and (not packed or one.hourly_price <= sum(r.hourly_price for r in packed) + 1e-9):
         return (one,)
     return packed
