@@ -206,16 +206,10 @@ class ConsolidationGate:
         time or its pool's next budget window edge, whichever comes first): every time the gate's answer could
         change without the cluster changing."""
         times: list[float] = list(self.timed.values())
-        if self.since:
-            known, empty = self.classes, DisruptionReason.EMPTY
-            for name, t in self.since.items():
-                pool = pool_of(name)
-                if pool is not None:  # (Disruption.wait_s, inlined)
-                    d = pool.disruption
-                    if d.consolidate_empty_after_s is not None and known.get(name) is empty:
-                        times.append(t + d.consolidate_empty_after_s)
-                    else:
-                        times.append(t + d.consolidate_after_s)
+        for name, t in self.since.items():
+            pool = pool_of(name)
+            if pool is not None:
+                times.append(t + pool.disruption.wait_s(self.classes.get(name) is DisruptionReason.EMPTY))
         if self.skipped:
             times.append(self.last_pass_at + self.config.disruption_interval_s)
         return times
@@ -355,14 +349,8 @@ class ConsolidationGate:
                 continue
             if why is not DisruptionReason.DRIFTED:
                 pool = pool_of(name)
-                if pool is not None:  # (Disruption.wait_s, inlined)
-                    d = pool.disruption
-                    wait = d.consolidate_after_s
-                    if d.consolidate_empty_after_s is not None and known.get(name) is DisruptionReason.EMPTY:
-                        wait = d.consolidate_empty_after_s
-                    if now - since[name] < wait:
-                        continue
-                elif now < since[name]:  # (a wait of 0)
+                wait = pool.disruption.wait_s(known.get(name) is DisruptionReason.EMPTY) if pool is not None else 0.0
+                if now - since[name] < wait:
                     continue
             due.append(name)
         return due
