@@ -38,7 +38,9 @@ from gpuscale.providers.base import CloudNodeState
 _FLYING = (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED)
 """Claim phases whose node may be in flight (a pass counts it as a launching node)."""
 _NONE: frozenset[OfferingKey] = frozenset()
+"""The unavailable offerings of a round when there are none (one shared object)."""
 _INITIALIZED = (ClaimPhase.INITIALIZED,)
+"""The claim phase of candidate nodes."""
 _PLANNING = (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED)
 """Claim phases whose pods are planned onto the claim's node once it is listed."""
 
@@ -251,7 +253,7 @@ class ScaleDownSteps(ShellBase):
             made = self.__dict__.get("_planned_pods", {})
             kept: dict[str, tuple[Pod, str, Pod]] = {}
             for i, p in enumerate(w.pods):
-                if p.node_name is None and p.phase == "Pending" and (on := planned.get(p.key)) is not None:  # (pending)
+                if p.pending and (on := planned.get(p.key)) is not None:
                     last = made.get(p.key)
                     if last is None or last[0] is not p or last[1] != on:
                         last = (p, on, replace(p, node_name=on))
