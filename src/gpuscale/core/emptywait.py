@@ -250,10 +250,10 @@ def empty_wait(
     )
     if spec.learn_released:
         # evidence only: what landed on kept nodes and would have landed on released ones, per node and hour
-        landed = evidence_rate(outcomes or Outcomes())
+        o = outcomes or Outcomes()
+        landed = evidence_rate(o)
         per_pod = sum(s for _, s in recent) / len(recent) if recent else 0.0
         learned = landed * per_pod
-        o = outcomes or Outcomes()
         why += (
             f"; evidence: {landed:.2f} pod(s)/h land on a kept node ({o.landings:.1f} in {o.kept_h:.1f} h kept or "
             f"released), saving ${learned:.3f}/h"
