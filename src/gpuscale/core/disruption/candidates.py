@@ -135,9 +135,8 @@ def classify_node(
 
     The cheap first step of :func:`plan_disruption`, which callers use to start ``consolidateAfter`` clocks without
     simulating anything."""
-    # the live workload pods (is_live and workload_pods, inlined); no message is formatted (only the reason is read)
-    live = [p for p in pods if (p.phase == "Pending" or p.phase == "Running" or p.phase == "") and not p.is_daemonset]
-    cls = _judge(node, pool, live, utilization or {}, False)
+    # no message is formatted (only the reason is read)
+    cls = _judge(node, pool, workload_pods(p for p in pods if is_live(p)), utilization or {}, False)
     return cls[0] if cls is not None else None
 
 
