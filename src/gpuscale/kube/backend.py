@@ -219,14 +219,12 @@ class KubeBackend:
         ``gpuscale.io/disrupted`` taint. Only a node carrying that taint is patched (a node a person cordoned is
         left alone, and a second call sends nothing)."""
 
-        def gpuscale_cordoned(obj: Obj) -> bool:
-            return any(t.get("key") == DISRUPTED_TAINT for t in (obj.get("spec") or {}).get("taints") or [])
-
         def patch(obj: Obj) -> Obj | None:
-            if not gpuscale_cordoned(obj):
+            taints = (obj.get("spec") or {}).get("taints") or []
+            kept = [t for t in taints if t.get("key") != DISRUPTED_TAINT]
+            if len(kept) == len(taints):  # not cordoned by gpuscale
                 return None
-            taints = [t for t in (obj.get("spec") or {}).get("taints") or [] if t.get("key") != DISRUPTED_TAINT]
-            return {"spec": {"unschedulable": False, "taints": taints}}
+            return {"spec": {"unschedulable": False, "taints": kept}}
 
         self._patch_node(node_name, "uncordon", patch)
 
