@@ -15,6 +15,7 @@ from gpuscale.core.nodeclaim import (
     Deadlines,
     ForbiddenTransition,
     NodeClaim,
+    Transition,
     can_transition,
     deadline,
     expired,
@@ -78,6 +79,8 @@ def test_every_allowed_edge(edge: tuple[ClaimPhase, ClaimEvent], target: ClaimPh
     assert after.reason == "because"
     assert after.history[-1].source is phase and after.history[-1].target is target
     assert after.history[-1].event is event
+    # transition spells the step's fields out too: equal to the dataclass made through its own __init__
+    assert after.history[-1] == Transition(at=250.0, event=event, source=phase, target=target, reason="because")
     assert before.phase is phase  # immutable
 
 

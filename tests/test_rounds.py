@@ -82,6 +82,8 @@ def test_scale_up_state_forcing_memo_and_wake_times() -> None:
     assert st_.wake_times(av) == []  # no batch open, nothing pending: no wake-up
     st_.batch.update(["p"], 3.0)
     assert st_.wake_times(av) == [4.0, 50.0]
+    st_.batch.update([], 3.5)  # the pod was bound: the batch stays open with nothing pending, no expiry counts
+    assert st_.wake_times(av) == [4.0]
 
 
 def test_check_mode_records_only_launches_the_last_plan_did_not_decide() -> None:

@@ -247,7 +247,12 @@ class Availability:
     # ------------------------------------------------------------------------------------------------ upkeep
     def expiries(self) -> list[float]:
         """Every expiry time held (wake-up candidates)."""
-        return [*self._offerings.values(), *(b.until for b in self._backoffs.values()), *self._fallbacks.values()]
+        times = list(self._offerings.values())
+        if self._backoffs:  # (asked every round while pods are pending: no generator for empty maps)
+            times += [b.until for b in self._backoffs.values()]
+        if self._fallbacks:
+            times += self._fallbacks.values()
+        return times
 
     def expire(self, now: float) -> int:
         """Forget marks that ended before ``now`` (in memory and in the store); return how many. A back-off is

@@ -82,8 +82,11 @@ class ScaleUpState:
     def wake_times(self, availability: Availability) -> list[float]:
         """When the open batch closes and, while pods are pending, when an offering mark, back-off or fallback
         ends (a plan may then launch what it could not)."""
-        pending = bool(self.batch.seen)
-        return scale_up_wake_times(self.batch.wake_time(), pending, availability.expiries() if pending else ())
+        batch = self.batch
+        closes = batch.wake_time() if batch.start is not None else None
+        if not batch.seen:  # (most rounds) no expiry wakes a scale-up with nothing pending
+            return [] if closes is None else [closes]
+        return scale_up_wake_times(closes, True, availability.expiries())
 
     def compare(
         self,

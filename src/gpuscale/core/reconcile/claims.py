@@ -62,6 +62,9 @@ RUNNING = (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED, ClaimPhase.INITIALIZED)
 """Claim phases whose node an interruption or a failure drains."""
 _SETTLED = frozenset(ClaimPhase) - ADVANCING - {ClaimPhase.REQUESTED}
 """Claim phases a listed node teaches nothing (once the claim has its node id and name)."""
+# Enum members read per listed node as module constants: a class attribute of an Enum costs ~4 times a global lookup
+# in Python 3.11 (EnumType defines __getattr__).
+_REQUESTED, _LAUNCHED, _REGISTERED = ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED
 
 
 def adopt_claim(
@@ -107,10 +110,10 @@ def advance_claim(claim: NodeClaim, nodes: Mapping[str, Node], now: float, out: 
         return claim
     if not claim.node_name:
         claim = replace(claim, node_name=node.name)
-    if claim.phase is ClaimPhase.LAUNCHED:
+    if claim.phase is _LAUNCHED:
         claim = transition(claim, ClaimEvent.REGISTERED, now, reason="Node object registered")
         out.note(EventKind.REGISTERED, f"node/{node.name}", "Registered", "node joined the cluster")
-    if claim.phase is ClaimPhase.REGISTERED and node.allocatable.gpus >= claim.expected.gpus:
+    if claim.phase is _REGISTERED and node.allocatable.gpus >= claim.expected.gpus:
         claim = transition(claim, ClaimEvent.INITIALIZED, now, reason="GPUs allocatable")
         gpus = node.allocatable.gpus
         out.note(
@@ -177,7 +180,7 @@ def sync_claims(
             )
         else:
             claim = existing
-            if claim.phase is ClaimPhase.REQUESTED:
+            if claim.phase is _REQUESTED:
                 claim = transition(claim, ClaimEvent.LAUNCHED, now, node_id=cn.node_id, node_name=cn.node_name)
                 out.actions.append(ClearRetry(key))
                 listed_requests += 1
