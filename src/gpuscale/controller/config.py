@@ -83,6 +83,9 @@ class ControllerConfig:
     """A kept spot node may be replaced by a cheaper spot node (``spotToSpot``; None: off)."""
     pack_onto_empty: bool = True
     """Underutilized consolidations may move pods onto empty nodes (``packOntoEmpty``; False: never)."""
+    cpu_pods_onto_empty: bool = True
+    """A GPU node running only CPU-only pods may be emptied onto empty nodes (``cpuPodsOntoEmpty``; False: only onto
+    nodes running pods, :mod:`gpuscale.core.disruption.cpuonly`)."""
     empty_wait: EmptyWaitSpec | None = None
     """Per-node empty wait from price and fitting arrivals (``emptyWait``; None: off)."""
     anticipate: AnticipateSpec | None = None
@@ -126,8 +129,8 @@ class ControllerConfig:
         optional policies (off by default): ``evictionCost``, ``headroom``, ``emptyWait``
         (:mod:`~gpuscale.controller.policyopts`), ``anticipate`` (:mod:`~gpuscale.controller.anticipating`),
         ``evictMaxPodAge``, ``repack``, ``spotToSpot``, ``rightsize``
-        (:mod:`~gpuscale.controller.repackopts`) and ``packOntoEmpty``. ``name``, ``reconcileInterval`` and
-        ``settle`` belong to the simulator and are ignored. Anything else raises
+        (:mod:`~gpuscale.controller.repackopts`), ``packOntoEmpty`` and ``cpuPodsOntoEmpty``. ``name``,
+        ``reconcileInterval`` and ``settle`` belong to the simulator and are ignored. Anything else raises
         :class:`~gpuscale.errors.InputError`.
         """
         policy = dict(policy or {})
@@ -277,6 +280,7 @@ _OPTION_KEYS: dict[str, Reader] = {
     "spotToSpot": ("spot_to_spot", repackopts.spot_to_spot),
     "rightsize": ("rightsize", repackopts.rightsize),
     "packOntoEmpty": ("pack_onto_empty", _bool),
+    "cpuPodsOntoEmpty": ("cpu_pods_onto_empty", _bool),
 }
 _KEYS = {**_BASIC_KEYS, **_OPTION_KEYS}
 """Keys of :class:`ControllerConfig` fields other than durations."""

@@ -9,6 +9,9 @@
 * ``packOntoEmpty: false``: Underutilized moves never land on empty nodes (moving a pod from one node onto an
   empty one only swaps which node is empty, and the pod is evicted again once its new node is underutilised): the
   pass's deletions of empty nodes stand, and the other candidates are passed again with the empty nodes cordoned.
+* ``cpuPodsOntoEmpty: false``: an Empty deletion of a GPU node running only CPU-only pods stands only if those pods
+  fit on nodes running pods (:mod:`gpuscale.core.disruption.cpuonly`): moving them onto an empty node only swaps
+  which node is empty and throws their work away, so the empty node they would have gone to is deleted instead.
 * ``spotToSpot``: when the pass (and repack) decided nothing, one spot node kept for want of a cheaper replacement
   is replaced by a cheaper spot node that takes all its pods. The node is cordoned in the round that starts its
   replacement (:func:`cordon_spot_swaps`), so that no pod lands on it while the replacement, with room for its own
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING
 from gpuscale.controller.config import ControllerConfig
 from gpuscale.controller.shell import DisruptionInputs, World
 from gpuscale.core.disruption import DisruptionPlan, KeepReason
+from gpuscale.core.disruption.cpuonly import keep_cpu_pods
 from gpuscale.core.disruption.repack import (
     InFlight,
     RepackRule,
@@ -46,13 +50,15 @@ if TYPE_CHECKING:
 
 
 def uses_config(cfg: ControllerConfig) -> bool:
-    """True if ``evictMaxPodAge``, ``repack``, ``spotToSpot`` or ``rightsize`` is on or ``packOntoEmpty`` is off."""
+    """True if ``evictMaxPodAge``, ``repack``, ``spotToSpot`` or ``rightsize`` is on or ``packOntoEmpty`` or
+    ``cpuPodsOntoEmpty`` is off."""
     return (
         cfg.evict_max_pod_age is not None
         or cfg.repack is not None
         or cfg.spot_to_spot is not None
         or cfg.rightsize is not None
         or not cfg.pack_onto_empty
+        or not cfg.cpu_pods_onto_empty
     )
 
 
@@ -72,7 +78,8 @@ def apply_rules(
     started: Mapping[str, float],
     known: Mapping[str, float] | None = None,
 ) -> DisruptionPlan:
-    """``dp`` after ``packOntoEmpty``, ``evictMaxPodAge``, ``repack`` and ``spotToSpot`` (each a no-op when off).
+    """``dp`` after ``packOntoEmpty``, ``cpuPodsOntoEmpty``, ``evictMaxPodAge``, ``repack`` and ``spotToSpot`` (each
+    a no-op when off).
     ``started``: first-bound times; ``known``: those of the pods seen bind since the first observation (default
     ``started``), read by ``repack``'s and ``spotToSpot``'s ``maxPodAge`` (a pod without one is not young)."""
     cfg = ctrl.config
@@ -80,6 +87,8 @@ def apply_rules(
     unkeep: set[str] = set()
     if not cfg.pack_onto_empty:
         dp, unkeep = _not_onto_empty(ctrl, dp, inputs, candidates, disrupting, w)
+    if not cfg.cpu_pods_onto_empty and dp.actions:
+        dp = _keep_cpu_pods(ctrl, dp, inputs, disrupting, w)
     if cfg.evict_max_pod_age is not None and dp.actions:
         dp = hold_old_pods(dp, started, cfg.evict_max_pod_age, w.now)
     if cfg.repack is not None and not dp.actions:
@@ -109,6 +118,17 @@ def cordon_spot_swaps(ctrl: Controller, w: World) -> None:
         node = w.nodes.get(old)
         if node is not None and is_spot_swap(action, node):
             ctrl._cordon_replaced(old, w)
+
+
+def _keep_cpu_pods(
+    ctrl: Controller, dp: DisruptionPlan, inputs: DisruptionInputs, disrupting: set[str], w: World
+) -> DisruptionPlan:
+    """``cpuPodsOntoEmpty: false``: :func:`~gpuscale.core.disruption.cpuonly.keep_cpu_pods`, the empty nodes that may
+    go instead being every consolidatable node (not only those due: an empty node kept warm is still waiting) not
+    being disrupted and not held for planned pods."""
+    releasable = ctrl._step_inputs(w)[0] - disrupting - inputs.protected
+    out, _ = keep_cpu_pods(dp, inputs.nodes, inputs.pods, disrupting, releasable, ctrl.catalog)
+    return out
 
 
 def in_flight(ctrl: Controller) -> dict[str, InFlight]:
