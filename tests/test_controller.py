@@ -356,6 +356,16 @@ def test_min_nodes_are_launched_without_pods() -> None:
     assert len(h.alive()) == 2
 
 
+def test_min_nodes_read_again_when_the_pools_are_replaced() -> None:
+    """Whether a pool has minNodes is kept per pools object: pools replaced by another object are read again."""
+    h = Harness([NodePool("cpu", instance_types=("c4",))])
+    h.run(30.0)
+    assert h.alive() == []
+    h.ctrl.pools = {"cpu": NodePool("cpu", instance_types=("c4",), min_nodes=1)}
+    h.run(90.0)
+    assert [n.instance_type for n in h.alive()] == ["c4"]
+
+
 def test_consolidation_moves_pods_respecting_do_not_disrupt_and_pdbs() -> None:
     d = Disruption(consolidate_after_s=30.0, budgets=(DisruptionBudget("100%"),))
     pool = gpu_pool(instance_types=("g4",), disruption=d)

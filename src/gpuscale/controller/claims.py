@@ -8,7 +8,7 @@ the claims were first added), as a scan of the whole table would. It also finds 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from gpuscale.core.nodeclaim import ClaimPhase, NodeClaim
@@ -32,8 +32,10 @@ class ClaimTable(dict[str, NodeClaim]):
         self.keys_version = 0
         """Counts changes of the set of keys (a claim added or removed; not a claim replaced under its key)."""
         self._phase_version: dict[ClaimPhase, int] = dict.fromkeys(ClaimPhase, 0)
-        self._memo: tuple[int, dict[object, list[tuple[str, NodeClaim]]]] = (-1, {})
-        """(version, phases -> :meth:`in_phases`'s answer at that version)."""
+        self._memo: dict[object, tuple[tuple[str, NodeClaim], ...]] = {}
+        """Phases -> :meth:`in_phases`'s answer. An entry is dropped when a claim of one of its phases changes (one
+        entering or leaving them, or replaced by a different object while in them): changes in other phases leave
+        the answer as it is (most claims sit in Initialized while others launch, and the reverse)."""
         self.listener: Callable[[str, NodeClaim | None], None] | None = None
         """Told of each change: (key, new claim), or (key, None) when the claim is removed (the change feed)."""
         self._name_watchers: list[set[str]] = []
@@ -52,6 +54,8 @@ class ClaimTable(dict[str, NodeClaim]):
             return
         self.version += 1
         self._phase_version[claim.phase] += 1
+        if self._memo:
+            self._forget(claim.phase, None if old is None else old.phase)
         if old is None:
             self.keys_version += 1
             self._order[key] = self._added
@@ -89,6 +93,8 @@ class ClaimTable(dict[str, NodeClaim]):
         self.version += 1
         self.keys_version += 1
         self._phase_version[old.phase] += 1
+        if self._memo:
+            self._forget(old.phase, None)
         del self._phase_keys[old.phase][key]
         del self._order[key]
         self._unname(key, old.node_name)
@@ -122,6 +128,7 @@ class ClaimTable(dict[str, NodeClaim]):
             self._phase_version[p] += 1
         for keys in self._phase_keys.values():
             keys.clear()
+        self._memo.clear()
         self._order.clear()
         self._named.clear()
 
@@ -130,22 +137,24 @@ class ClaimTable(dict[str, NodeClaim]):
 
     update = setdefault = popitem = __ior__ = _read_only
 
-    def in_phases(self, phases: Iterable[ClaimPhase]) -> list[tuple[str, NodeClaim]]:
-        """(key, claim) of every claim in one of ``phases``, in table order (a list: safe to change the table while
-        going through it). Asked several times a round with the same phases: the answers for a frozenset or tuple
-        of phases are kept until the table changes (``version``), and each caller gets its own copy."""
+    def _forget(self, phase: ClaimPhase, other: ClaimPhase | None) -> None:
+        """Drop the kept :meth:`in_phases` answers that include ``phase`` or ``other`` (a claim of theirs changed)."""
         memo = self._memo
+        for phases in [k for k in memo if phase in k or other in k]:  # type: ignore[operator]
+            del memo[phases]
+
+    def in_phases(self, phases: Iterable[ClaimPhase]) -> Sequence[tuple[str, NodeClaim]]:
+        """(key, claim) of every claim in one of ``phases``, in table order (never changed afterwards: safe to change
+        the table while going through it). Asked several times a round with the same phases: the answer for a
+        frozenset or tuple of phases is kept, as one tuple, until a claim of those phases changes; a caller may keep
+        what it derived from an answer while it gets the very same tuple again."""
         kind = type(phases)
         if kind is not tuple and kind is not frozenset:
             return self._in_phases(phases)
-        if memo[0] == self.version:
-            found = memo[1].get(phases)
-            if found is not None:  # (the common case first: asked again at this version)
-                return list(found)
-        else:
-            memo = self._memo = (self.version, {})
-        found = memo[1][phases] = self._in_phases(phases)
-        return list(found)
+        found = self._memo.get(phases)
+        if found is None:
+            found = self._memo[phases] = tuple(self._in_phases(phases))
+        return found
 
     def _in_phases(self, phases: Iterable[ClaimPhase]) -> list[tuple[str, NodeClaim]]:
         keys: list[str] = []

@@ -232,23 +232,23 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
 
     def _timed_deadlines(self) -> list[float]:
         """The deadlines of the claims in a timed phase (:func:`~gpuscale.core.nodeclaim.deadline`), in table
-        order; kept until the claim table changes (its ``version``)."""
-        return self._deadlines_kept()[2]
+        order; kept while those claims are unchanged."""
+        return self._deadlines_kept()[1]
 
-    def _deadlines_kept(self) -> tuple[object, int, list[float], list[float]]:
-        """(claim table, its version, :meth:`_timed_deadlines`, each just after its deadline: the wake-up times),
-        made again when the table changes."""
-        claims = self.claims
+    def _deadlines_kept(self) -> tuple[object, list[float], list[float]]:
+        """(the claims in a timed phase, :meth:`_timed_deadlines`, each just after its deadline: the wake-up times),
+        made again when the claim table answers another tuple for those phases (a claim of theirs changed)."""
+        timed = self.claims.in_phases(TIMED_PHASES)
         kept = self.observed.deadlines
-        if kept is not None and kept[0] is claims and kept[1] == claims.version:
+        if kept is not None and kept[0] is timed:
             return kept
-        found = [t for _, c in claims.in_phases(TIMED_PHASES) if (t := deadline(c)) is not None]
-        kept = self.observed.deadlines = (claims, claims.version, found, [t + 1e-6 for t in found])
+        found = [t for _, c in timed if (t := deadline(c)) is not None]
+        kept = self.observed.deadlines = (timed, found, [t + 1e-6 for t in found])
         return kept
 
     def _timer_candidates(self) -> list[float]:
         times = self.scaleup.wake_times(self.availability)
-        times += self._deadlines_kept()[3]
+        times += self._deadlines_kept()[2]
         for key in self.observed.unlisted:
             unlisted = self.claims.get(key)
             if unlisted is not None and unlisted.phase is _LAUNCHED:

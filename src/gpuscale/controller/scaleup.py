@@ -80,10 +80,10 @@ class ScaleUpSteps(ShellBase):
     * ``COVERED`` (the pods to plan for): the batch window was closed and stays so while no new pod is pending, so
       the gate answers ``COVERED`` again if those pods are still all covered (:func:`all_covered`, asked again).
     """
-    _in_flight_kept: tuple[object, int, tuple[set[str], set[str]]] | None = None
-    """(claim table, its version, :meth:`_in_flight`'s answer)."""
-    _leaving_kept: tuple[object, int, frozenset[str]] | None = None
-    """(claim table, its version, :meth:`_leaving`'s answer)."""
+    _in_flight_kept: tuple[object, tuple[set[str], set[str]]] | None = None
+    """(the claim table's answer for the phases in flight, :meth:`_in_flight`'s answer)."""
+    _leaving_kept: tuple[object, frozenset[str]] | None = None
+    """(the claim table's answer for the leaving phases, :meth:`_leaving`'s answer)."""
     _shown: dict[str, tuple[Node, NodeClaim | None, Node]] | None = None
     """Node name -> (listed Node, its claim, the Node the planner is shown) of the last snapshot: the shown Node
     depends on these two alone (both immutable), so it is the same object while they are (the planner's rows of a
@@ -132,29 +132,30 @@ class ScaleUpSteps(ShellBase):
         return real, virtual
 
     def _leaving(self) -> frozenset[str]:
-        """The node names of the claims whose node is leaving; kept while the claim table is unchanged."""
-        claims = self.claims
+        """The node names of the claims whose node is leaving; kept while the claim table answers the very same tuple
+        for the leaving phases (those claims are unchanged)."""
+        leaving = self.claims.in_phases(LEAVING)
         kept = self._leaving_kept
-        if kept is not None and kept[0] is claims and kept[1] == claims.version:
-            return kept[2]
-        names = frozenset([c.node_name for _, c in claims.in_phases(LEAVING) if c.node_name])
-        self._leaving_kept = (claims, claims.version, names)
+        if kept is not None and kept[0] is leaving:
+            return kept[1]
+        names = frozenset([c.node_name for _, c in leaving if c.node_name])
+        self._leaving_kept = (leaving, names)
         return names
 
     def _in_flight(self) -> tuple[set[str], set[str]]:
         """(pods the claims in flight were launched for, node names of claims in flight); kept while the claim table
-        is unchanged (its ``version``): do not change the sets."""
-        claims = self.claims
+        answers the very same tuple for the phases in flight (those claims are unchanged): do not change the sets."""
+        flying = self.claims.in_phases(IN_FLIGHT)
         kept = self._in_flight_kept
-        if kept is not None and kept[0] is claims and kept[1] == claims.version:
-            return kept[2]
+        if kept is not None and kept[0] is flying:
+            return kept[1]
         pods: set[str] = set()
         coming_up: set[str] = set()
-        for _, c in claims.in_phases(IN_FLIGHT):
+        for _, c in flying:
             pods.update(c.pods)
             if c.node_name:
                 coming_up.add(c.node_name)
-        self._in_flight_kept = (claims, claims.version, (pods, coming_up))
+        self._in_flight_kept = (flying, (pods, coming_up))
         return pods, coming_up
 
     def _covered(self, todo: Sequence[Pod], w: World) -> bool:
@@ -406,8 +407,15 @@ class ScaleUpSteps(ShellBase):
                 skipped = order.group
         return False
 
+    _min_pools: tuple[object, bool] | None = None
+    """(the pools, whether one has ``minNodes``): asked every round, kept until the pools are replaced by another
+    object (as the fleet is)."""
+
     def _ensure_min_nodes(self, w: World, result: ReconcileResult) -> None:
-        if not any(p.min_nodes > 0 for p in self.pools.values()):
+        kept = self._min_pools
+        if kept is None or kept[0] is not self.pools:
+            kept = self._min_pools = (self.pools, any(p.min_nodes > 0 for p in self.pools.values()))
+        if not kept[1]:
             return
         now = w.now
         av = self.availability
