@@ -2,35 +2,61 @@
 setting's reader, the arrivals it records, and whether a plan that launches nodes for pending pods also launches
 nodes for the pods expected next.
 
-The arrival history lives in memory: after a restart it starts again from nothing (plans are plain until arrivals
-are seen again).
+With ``learnUse`` it also follows the extra nodes it launched (by request id, :meth:`Anticipation.note_launch`) until
+a pod runs on one, it goes, or it stays empty past ``lead`` + ``coldStart`` (:func:`gpuscale.core.anticipate.
+settle_extra`), and buys the share of the forecast room that extra nodes were used (:func:`gpuscale.core.anticipate.
+use_rate`, fading over ``useMemory``).
+
+The arrival history and the outcomes live in memory: after a restart they start again from nothing (plans are plain
+until arrivals are seen again).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuscale.controller.settingsread import known_keys, positive_duration
 from gpuscale.core.anticipate import (
     AnticipateSpec,
+    Extra,
+    Use,
     Verdict,
     after_plan,
     expected_pods,
     real_first,
     repack_in_flight,
+    settle_extra,
+    use_rate,
     weigh,
     with_extra,
 )
 from gpuscale.core.model import Catalog, Pod, Snapshot
+from gpuscale.core.nodeclaim import ClaimPhase, NodeClaim
 from gpuscale.core.reconcile.scaleup import ScaleUpDecision
 from gpuscale.errors import InputError
 
 if TYPE_CHECKING:  # the shell imports the config, which imports this module's reader
     from gpuscale.controller.shell import World
 
-ANTICIPATE_KEYS = ("lead", "quantile", "recentWindows", "days", "waitCostPerGpuHour", "coldStart", "maxExtraGpus")
+ANTICIPATE_KEYS = (
+    "lead",
+    "quantile",
+    "recentWindows",
+    "days",
+    "waitCostPerGpuHour",
+    "coldStart",
+    "maxExtraGpus",
+    "learnUse",
+    "useMemory",
+)
+
+PLAN_REASON = "ScaleUp"
+"""The launch reason of a scale-up plan's orders (:func:`gpuscale.core.reconcile.scaleup.launch_orders`): an order
+with it that names no pod is an extra node (:func:`gpuscale.core.anticipate.with_extra`)."""
+_GONE = frozenset((ClaimPhase.DRAINING, ClaimPhase.DELETING, ClaimPhase.GONE, ClaimPhase.FAILED))
+"""Claim phases of an extra node that will run no pod (``learnUse``)."""
 
 
 def anticipate_setting(value: object, where: str) -> AnticipateSpec | None:
@@ -63,6 +89,13 @@ def anticipate_setting(value: object, where: str) -> AnticipateSpec | None:
             kw[attr] = _integer(value[key], f"{where}.{key}", lo, hi)
     if "maxExtraGpus" in value:
         kw["max_extra_gpus"] = _integer(value["maxExtraGpus"], f"{where}.maxExtraGpus", 1, 10_000)
+    if "learnUse" in value:
+        flag = value["learnUse"]
+        if not isinstance(flag, bool):
+            raise InputError("must be true or false", where=f"{where}.learnUse", value=flag, fix="e.g. true")
+        kw["learn_use"] = flag
+    if "useMemory" in value:
+        kw["use_memory_s"] = positive_duration(value["useMemory"], f"{where}.useMemory")
     return AnticipateSpec(**kw)
 
 
@@ -94,6 +127,10 @@ class AnticipateStats:
     """Plans whose launches for pods were dropped: the pods fit on the nodes in flight (``repack_in_flight``)."""
     reordered: int = 0
     """Plans made again with the pending pods before the pods of draining nodes (``real_first``)."""
+    used: int = 0
+    """Extra nodes settled as used, a pod ran on them (``learnUse``)."""
+    unused: int = 0
+    """Extra nodes settled as unused (``learnUse``)."""
 
 
 class Anticipation:
@@ -108,6 +145,49 @@ class Anticipation:
         self._bound: frozenset[str] = frozenset()
         """Pods bound to a node in the last world observed (those shown pending to the planner are leaving)."""
         self.stats = AnticipateStats()
+        self.extra: dict[str, Extra] = {}
+        """Extra nodes launched and not yet settled, by request id (``learnUse``)."""
+        self.use: dict[tuple[str, str], Use] = {}
+        """(pool, instance type) -> what its extra nodes did (``learnUse``)."""
+        self._use_at: float | None = None
+
+    def note_launch(self, request_id: str, pool: str, instance_type: str, now: float) -> None:
+        """An extra node was launched (``learnUse``: it is followed until settled)."""
+        if self.spec.learn_use:
+            self.extra[request_id] = Extra(request_id, (pool, instance_type), now)
+
+    def settle(self, claims: Iterable[NodeClaim], used_nodes: frozenset[str] | set[str], now: float) -> None:
+        """Settle the extra nodes whose outcome is known (``learnUse``): ``claims``, the claims that exist;
+        ``used_nodes``, the nodes a pod (not a daemon pod) runs on."""
+        if not self.spec.learn_use:
+            return
+        if self._use_at is not None and now > self._use_at:
+            dt, mem = now - self._use_at, self.spec.use_memory_s
+            self.use = {k: u.decayed(dt, mem) for k, u in self.use.items()}
+        self._use_at = now
+        if not self.extra:
+            return
+        status: dict[str, str] = {}
+        for c in claims:
+            if c.request_id in self.extra:
+                gone = c.phase in _GONE
+                status[c.request_id] = (
+                    "used" if c.node_name in used_nodes and c.node_name else "gone" if gone else "empty"
+                )
+        window = self.spec.lead_s + self.spec.cold_start_s
+        still, closed = settle_extra(list(self.extra.values()), status, now, window)
+        self.extra = {e.request_id: e for e in still}
+        for kind, used in closed:
+            self.use[kind] = self.use.get(kind, Use()).add(used)
+            if used:
+                self.stats.used += 1
+            else:
+                self.stats.unused += 1
+
+    def use_shares(self) -> tuple[float, dict[tuple[str, str], float]]:
+        """The share of extra nodes used over every kind, and per kind (``learnUse``)."""
+        total = Use(sum(u.used for u in self.use.values()), sum(u.total for u in self.use.values()))
+        return use_rate(total), {k: use_rate(u) for k, u in self.use.items()}
 
     def observe(self, w: World) -> None:
         """Record the GPU pods first seen this round (not daemon pods); drop arrivals the forecast no longer reads.
@@ -169,11 +249,12 @@ class Anticipation:
             plain = packed
         if not plain.launches:
             return plain
-        expected = expected_pods(self.times, self.pods, self.first_seen, now, self.spec)
+        share, use = self.use_shares() if self.spec.learn_use else (1.0, None)
+        expected = expected_pods(self.times, self.pods, self.first_seen, now, self.spec, share)
         if not expected:
             return plain
         extra = replan(after_plan(snapshot, plain, expected))
-        verdict = weigh(extra, expected, catalog, self.spec)
+        verdict = weigh(extra, expected, catalog, self.spec, use)
         st = self.stats
         st.weighed += 1
         st.last = verdict

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuscale.controller import repacking
-from gpuscale.controller.anticipating import Anticipation
+from gpuscale.controller.anticipating import PLAN_REASON, Anticipation
 from gpuscale.controller.emptykeep import EmptyWaits
 from gpuscale.controller.loop import Controller, ControllerConfig
 from gpuscale.controller.rightsizing import Rightsizing
@@ -46,7 +46,7 @@ from gpuscale.core.headroom import (
     pick_offer,
     size_headroom,
 )
-from gpuscale.core.model import NodePool, Snapshot
+from gpuscale.core.model import CapacityType, InstanceType, NodePool, Snapshot
 from gpuscale.core.nodeclaim import IN_FLIGHT, ClaimPhase
 from gpuscale.core.reconcile import EventKind, Outcome
 from gpuscale.core.reconcile.scaleup import ScaleUpDecision, decide_scale_up
@@ -139,6 +139,9 @@ class OptionsController(Controller):
             self._decide_empty_waits(w)
         if self.anticipation is not None:
             self.anticipation.observe(w)
+            if self.anticipation.spec.learn_use:
+                used = {p.node_name for p in w.pods if p.node_name is not None and not p.is_daemonset}
+                self.anticipation.settle((c for _, c in self.claims.items()), used, w.now)
         disrupted = result.disrupted
         super()._consolidate(w, result)
         if self.config.spot_to_spot is not None:
@@ -159,6 +162,24 @@ class OptionsController(Controller):
             )
 
         return a.choose(snapshot, decision, replan, self.catalog, now)
+
+    def _launch_with_id(
+        self,
+        rid: str,
+        pool: NodePool,
+        it: InstanceType,
+        zone: str,
+        ct: CapacityType,
+        w: World,
+        pods: tuple[str, ...],
+        replaces: str,
+        reason: str,
+    ) -> Outcome:
+        out = super()._launch_with_id(rid, pool, it, zone, ct, w, pods, replaces, reason)
+        a = self.anticipation
+        if a is not None and out is Outcome.OK and not pods and not replaces and reason == PLAN_REASON:
+            a.note_launch(rid, pool.name, it.name, w.now)  # an extra node (``anticipate``): plain ones name pods
+        return out
 
     def _reference(self, snapshot: Snapshot, decision: ScaleUpDecision) -> ScaleUpDecision:
         a = self.anticipation

@@ -35,7 +35,8 @@ node's pods over what that leaves, when that costs no more.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+import math
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from gpuscale.core.headroom import HeadroomSpec, forecast
@@ -68,6 +69,11 @@ class AnticipateSpec:
     """What a pod landing in room already bought saves: this long of waiting and of a node's boot."""
     max_extra_gpus: int = 8
     """At most this many GPUs of expected pods per plan, and of extra nodes."""
+    learn_use: bool = False
+    """Learn how often extra nodes run a pod (:class:`Use`) and buy that share of the room the forecast asks for
+    (:func:`use_rate`): room that goes unused shrinks the room bought next."""
+    use_memory_s: float = 3600.0
+    """With ``learn_use``: outcomes fade with this time constant (:meth:`Use.decayed`)."""
 
     @property
     def forecast_spec(self) -> HeadroomSpec:
@@ -108,13 +114,19 @@ def is_anticipated(key: str) -> bool:
 
 
 def expected_pods(
-    times: Sequence[float], pods: Sequence[Pod], first_seen: float, now: float, spec: AnticipateSpec
+    times: Sequence[float],
+    pods: Sequence[Pod],
+    first_seen: float,
+    now: float,
+    spec: AnticipateSpec,
+    share: float = 1.0,
 ) -> tuple[Pod, ...]:
     """The pods expected in ``[now, now + lead_s)`` (see the module docstring). ``times``/``pods``: the GPU pods
-    seen arriving, sorted by time; ``first_seen``: when observation started."""
+    seen arriving, sorted by time; ``first_seen``: when observation started; ``share``: the part of the forecast
+    demand to buy room for (``learn_use``: :func:`use_rate`), before the ``max_extra_gpus`` cap."""
     arrivals = [(t, p.request.gpu_demand_milli) for t, p in zip(times, pods, strict=True)]
     fc = forecast(arrivals, first_seen, now, spec.forecast_spec)
-    budget = min(fc.milli, spec.max_extra_gpus * MILLI_PER_GPU)
+    budget = min(fc.milli if share >= 1.0 else int(fc.milli * share), spec.max_extra_gpus * MILLI_PER_GPU)
     out: list[Pod] = []
     seen: set[str] = set()
     for p in reversed(pods):
@@ -127,6 +139,67 @@ def expected_pods(
         out.append(anticipated(p))
         budget -= m
     return tuple(out)
+
+
+USE_PRIOR = 1.0
+"""With ``learn_use``: the use rate starts from this many extra nodes that ran a pod (of as many): room is bought as
+without ``learn_use`` until outcomes say otherwise."""
+
+
+@dataclass(frozen=True, slots=True)
+class Use:
+    """What the extra nodes of one kind did (``learn_use``): how many ran a pod, of how many settled (both fading)."""
+
+    used: float = 0.0
+    total: float = 0.0
+
+    def decayed(self, dt_s: float, memory_s: float) -> Use:
+        """These outcomes ``dt_s`` later (weight ``exp(-dt_s / memory_s)``)."""
+        if dt_s <= 0.0:
+            return self
+        f = math.exp(-dt_s / memory_s)
+        return Use(self.used * f, self.total * f)
+
+    def add(self, used: bool) -> Use:
+        """With one more extra node settled, used or not."""
+        return Use(self.used + (1.0 if used else 0.0), self.total + 1.0)
+
+
+def use_rate(use: Use) -> float:
+    """The share of extra nodes that run a pod: the mean of a Beta posterior that starts from ``USE_PRIOR`` used of
+    as many."""
+    return (use.used + USE_PRIOR) / (use.total + USE_PRIOR)
+
+
+@dataclass(frozen=True, slots=True)
+class Extra:
+    """An extra node launched for expected pods, not yet settled (``learn_use``)."""
+
+    request_id: str
+    kind: tuple[str, str]
+    """(pool, instance type)."""
+    launched_at: float
+
+
+def settle_extra(
+    open_: Sequence[Extra], status: Mapping[str, str], now: float, window_s: float
+) -> tuple[list[Extra], list[tuple[tuple[str, str], bool]]]:
+    """Settle the extra nodes whose outcome is known: ``status`` maps a request id to ``"used"`` (a pod runs on its
+    node), ``"gone"`` (its claim is gone, or its node is going) or ``"empty"`` (up or on its way, no pod yet; a
+    request id missing from ``status`` is gone). A used node settles as used; one gone, or still empty
+    ``window_s`` after its launch (the window its pods were expected in, and its cold start), as unused. Returns
+    the nodes still open and the settled ones as ``(kind, used)``."""
+    still: list[Extra] = []
+    closed: list[tuple[tuple[str, str], bool]] = []
+    for e in open_:
+        st = status.get(e.request_id, "gone")
+        if st == "used":
+            closed.append((e.kind, True))
+        elif st == "gone" or now - e.launched_at > window_s:
+            closed.append((e.kind, False))
+        else:
+            still.append(e)
+    return still, closed
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +228,16 @@ def order_price(order: LaunchOrder, catalog: Catalog) -> tuple[float, int]:
     return 0.0, it.gpu_count
 
 
-def weigh(extra: ScaleUpDecision, expected: Sequence[Pod], catalog: Catalog, spec: AnticipateSpec) -> Verdict:
-    """Whether to launch ``extra``'s nodes (the plan of the ``expected`` pods over :func:`after_plan`)."""
+def weigh(
+    extra: ScaleUpDecision,
+    expected: Sequence[Pod],
+    catalog: Catalog,
+    spec: AnticipateSpec,
+    use: Mapping[tuple[str, str], float] | None = None,
+) -> Verdict:
+    """Whether to launch ``extra``'s nodes (the plan of the ``expected`` pods over :func:`after_plan`). ``use``: the
+    share of extra nodes of each (pool, instance type) that run a pod (``learn_use``; missing: 1): a node's saving
+    counts that share."""
     priced = [order_price(o, catalog) for o in extra.launches]
     extra_hourly = sum(p for p, _ in priced)
     extra_gpus = sum(g for _, g in priced)
@@ -164,8 +245,10 @@ def weigh(extra: ScaleUpDecision, expected: Sequence[Pod], catalog: Catalog, spe
     saved = 0.0
     for order, (price, gpus) in zip(extra.launches, priced, strict=True):
         per_gpu = price / gpus if gpus > 0 else 0.0
+        share = use.get((order.pool, order.instance_type), 1.0) if use else 1.0
         for k in order.pods:
-            saved += demand.get(k, 0.0) * spec.cold_start_s / 3600.0 * (spec.wait_cost_per_gpu_hour + per_gpu)
+            gpu_h = demand.get(k, 0.0) * spec.cold_start_s / 3600.0
+            saved += share * gpu_h * (spec.wait_cost_per_gpu_hour + per_gpu)
     spent = extra_hourly * spec.lead_s / 3600.0
     figures = (
         f"{len(expected)} expected pod(s): {len(extra.launches)} node(s), {extra_gpus} GPU, ${extra_hourly:.3f}/h, "
