@@ -224,3 +224,50 @@ def test_max_set_setting() -> None:
         with pytest.raises(InputError) as err:
             ControllerConfig.from_policy({"rightsize": {"maxSet": bad}})
         assert "policy.rightsize.maxSet" in str(err.value) and "\n" not in str(err.value)
+
+
+def _cpu_and_gpu_node(daemon_cpu: int = 0) -> tuple[list[Node], list[Pod]]:
+    """A big node running a 10-vCPU CPU-only pod (its GPU free) and a tiny node running a one-GPU pod: one big node
+    holds both."""
+    pods = [pod("c", cpu=10000, node="a"), pod("g", cpu=2000, gpus=1, node="b")]
+    if daemon_cpu:
+        pods.append(replace(pod("ds", cpu=daemon_cpu, node="a"), is_daemonset=True))
+    return [_node("a", "big"), _node("b")], pods
+
+
+def test_keep_one_moves_the_others_pods_onto_a_node_of_the_set() -> None:
+    nodes, pods = _cpu_and_gpu_node()
+    started = {p.key: NOW - 600 for p in pods}
+    plain = _run(nodes, pods, started)
+    assert plain is not None and plain.kept is None and [r.instance_type for r in plain.replacements] == ["big"]
+    got = _run(nodes, pods, started, rule=replace(RULE, keep_one=True))
+    assert got is not None and got.kept == "a" and got.replacements == ()
+    assert sorted(got.nodes) == ["a", "b"] and got.new_price == pytest.approx(0.26)
+    (action,) = got.actions  # the kept node is neither deleted nor evicted
+    assert action.kind is ActionKind.DELETE and action.node == "b" and action.pods == ("default/g",)
+    assert action.savings_per_hour == pytest.approx(0.14) and "onto a, which stays" in action.message
+    # the tiny node's price over the hour, less its pod's work (its whole GPU x 0.14 $/h x 10 min); no boot
+    assert got.value == pytest.approx(0.14 - 0.14 / 6)
+    assert got.value > plain.value
+
+
+def test_keep_one_needs_the_kept_node_to_hold_every_pod() -> None:
+    # a daemonset pod takes 17 of the big node's 28 vCPUs: the two pods no longer fit beside it, so the set is
+    # replaced by a new big node as without keepOne (a new node runs no daemonset pod in this model)
+    nodes, pods = _cpu_and_gpu_node(daemon_cpu=17000)
+    started = {p.key: NOW - 600 for p in pods}
+    got = _run(nodes, pods, started, rule=replace(RULE, keep_one=True))
+    assert got is not None and got.kept is None and [r.instance_type for r in got.replacements] == ["big"]
+    # a set whose cheapest node is of no member's type is replaced as before
+    two, pods2 = _two_tiny()
+    same = _run(two, pods2, rule=replace(RULE, keep_one=True))
+    assert same is not None and same.kept is None and [r.instance_type for r in same.replacements] == ["duo"]
+
+
+def test_keep_one_setting() -> None:
+    assert ControllerConfig.from_policy({"rightsize": {"maxSet": 4}}).rightsize == RightsizeRule(max_set=4)
+    rule = ControllerConfig.from_policy({"rightsize": {"maxSet": 4, "keepOne": True}}).rightsize
+    assert rule == RightsizeRule(max_set=4, keep_one=True)
+    with pytest.raises(InputError) as err:
+        ControllerConfig.from_policy({"rightsize": {"keepOne": "yes"}})
+    assert "policy.rightsize.keepOne" in str(err.value) and "true or false" in str(err.value)

@@ -119,3 +119,67 @@ def test_a_controller_restarted_mid_replacement_leaks_and_doubles_nothing() -> N
     assert booting.report["costUsd"] < plain["costUsd"] - 0.3  # the replacement went through
     assert _moves(launched) == []  # no Consolidate recorded: the decision died before the cordon
     assert launched.report["costUsd"] < plain["costUsd"] + 0.2  # at most the empty duo node's 30 minutes
+
+
+KEEP_CAT = catalog(itype("big", 28, 112, 1, "P100", price=0.26), itype("tiny", 4, 30, 1, "P100", price=0.14))
+KEEP = """
+name: rightsize-keep-one
+seed: 1
+duration: 6h
+catalog: x
+pools:
+  - name: gpu
+    disruption: {{consolidationPolicy: WhenEmptyOrUnderutilized, consolidateAfter: 5m, consolidateEmptyAfter: 30m,
+      budgets: [{{nodes: "100%"}}]}}
+cloud:
+  launchLatency: 40s
+  registrationLatency: 50s
+  devicePluginDelay: 90s
+workload:
+  - source: burst
+    prefix: gpu
+    count: 1
+    at: 0s
+    runtime: 5h
+    shape: {{cpu: 2, memory: 4Gi, gpus: 1}}
+  - source: burst
+    prefix: cpu
+    count: 1
+    at: 1m
+    runtime: 5h
+    shape: {{cpu: 10, memory: 8Gi}}
+policy: {{name: gpuscale, rightsize: {{minPodAge: 5m, maxSet: 2{extra}}}}}
+"""
+
+
+def _keep(extra: str, crash_at: float | None = None) -> SimResult:
+    factory, built = crashing_options_factory(crash_at)
+    res = run_simulation(parse_scenario(KEEP.format(extra=extra), source="k.yaml", catalog=KEEP_CAT), factory)
+    assert len(built) == (1 if crash_at is None else 2)
+    return res
+
+
+def test_keep_one_moves_a_gpu_pod_onto_the_free_gpu_of_a_node_running_a_cpu_pod() -> None:
+    # The GPU pod gets a tiny node, the 10-vCPU CPU-only pod a big one (its GPU free). Once both are past minPodAge,
+    # the set is replaced by one new big node holding both (both pods evicted, one more node booted); with keepOne
+    # the tiny node is deleted and its pod moves onto the big node's free GPU: one eviction, nothing launched.
+    replaced, kept = _keep(""), _keep(", keepOne: true")
+    assert [m.message[:24] for m in _moves(replaced)] == ["rightsize set: 2 nodes ("] * 2
+    (m,) = _moves(kept)
+    assert m.object == "node/gpu-00001" and "onto gpu-00002, which stays" in m.message
+    r, k = replaced.report, kept.report
+    assert r["nodesLaunched"] == 3 and k["nodesLaunched"] == 2
+    assert r["cluster"]["evictions"] == 2 and k["cluster"]["evictions"] == 1
+    assert k["costUsd"] < r["costUsd"] - 0.02 and k["duplicateLaunches"] == r["duplicateLaunches"] == 0
+    assert k["nodesAliveAtEnd"] == 0 and k["cluster"]["pods_completed"] == 2
+
+
+def test_keep_one_restarted_after_the_decision_finishes_the_move() -> None:
+    done = _keep(", keepOne: true")
+    (m,) = _moves(done)
+    for crash_at in (m.at + 1.0, m.at + 20.0):
+        res = _keep(", keepOne: true", crash_at)
+        r = res.report
+        assert r["nodesLaunched"] == 2 and r["duplicateLaunches"] == 0 and r["cloud"]["duplicate_nodes"] == 0
+        assert r["cluster"]["evictions"] == 1 and r["nodesAliveAtEnd"] == 0 and r["cluster"]["pods_completed"] == 2
+        assert abs(r["costUsd"] - done.report["costUsd"]) < 0.01

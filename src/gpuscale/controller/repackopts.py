@@ -11,7 +11,8 @@ given) from a scenario's ``policy`` mapping (see :meth:`gpuscale.controller.conf
   key optional; ``true``: all defaults; ``false``/``null``: off): a node whose pods are all young is replaced by the
   cheapest node of its pool and capacity type that takes them (:mod:`gpuscale.core.disruption.rightsize`); with
   ``maxSet`` 2-8, sets of up to that many such nodes are also replaced together by fewer or cheaper nodes
-  (:mod:`gpuscale.core.disruption.rightsize_multi`).
+  (:mod:`gpuscale.core.disruption.rightsize_multi`); with ``keepOne: true`` a set whose cheapest new node is of the
+  type of one of its own nodes keeps that node and moves the others' pods onto it instead.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def spot_to_spot(value: object, where: str) -> SpotSwapRule | None:
     )
 
 
-RIGHTSIZE_KEYS = ("minPodAge", "maxPodAge", "minSaving", "horizon", "coldStart", "maxSet")
+RIGHTSIZE_KEYS = ("minPodAge", "maxPodAge", "minSaving", "horizon", "coldStart", "maxSet", "keepOne")
 MAX_SET = 8
 """The largest ``rightsize.maxSet`` accepted (the set search grows sets node by node)."""
 
@@ -98,6 +99,11 @@ def rightsize(value: object, where: str) -> RightsizeRule | None:
                 f"must be an integer from 1 to {MAX_SET}", where=f"{where}.maxSet", value=v, fix="e.g. 4 (1: one node)"
             )
         kw["max_set"] = v
+    if "keepOne" in value:
+        v = value["keepOne"]
+        if not isinstance(v, bool):
+            raise InputError("must be true or false", where=f"{where}.keepOne", value=v, fix="write true or false")
+        kw["keep_one"] = v
     rule = RightsizeRule(**kw)
     if rule.min_pod_age_s > rule.max_pod_age_s:
         lo, hi = f"{rule.min_pod_age_s:g}s", f"{rule.max_pod_age_s:g}s"

@@ -7,7 +7,8 @@ fails and the node is kept (:attr:`~gpuscale.controller.rounds.Replacements.cord
 the replacement is ready resumes it as draining. With ``maxSet`` 2 or more, a round in which no single node is
 replaced may replace a set of nodes together (:mod:`gpuscale.core.disruption.rightsize_multi`): the new nodes are
 launched, then every old node is cordoned; each drains once all the new nodes are ready
-(:meth:`Rightsizing._start_set`).
+(:meth:`Rightsizing._start_set`); with ``keepOne``, a set that keeps one of its own nodes deletes the others (their
+pods drain onto it, as an Underutilized deletion's do) and launches nothing (:meth:`Rightsizing._merge_set`).
 
 Pod ages are the controller's first-bound times (``OptionsController.bound_since``), of the pods seen bind since
 its first observation only (``OptionsController._known_ages``): after a restart, a pod already bound may have run
@@ -98,6 +99,9 @@ class Rightsizing:
         nodes are left as they are (new nodes already launched are spare, and go as empty nodes)."""
         if any(ctrl._claim_by_node_name(n) is None for n in s.nodes):
             return
+        if s.kept is not None:
+            self._merge_set(ctrl, w, result, s)
+            return
         anchor = s.nodes[0]
         before = {k for k, c in ctrl.claims.items() if c.replaces == anchor}
         outcomes = []
@@ -132,6 +136,31 @@ class Rightsizing:
         for action in s.actions:
             _begin(ctrl, w, result, action, rids)
         self.stats.replaced += len(s.nodes)
+        self.stats.sets += 1
+        self.stats.saving_per_hour += s.saving_per_hour
+
+    def _merge_set(self, ctrl: Controller, w: World, result: ReconcileResult, s: SetReplacement) -> None:
+        """``keepOne``: drain and delete every node of the set but the kept one (their pods go back to pending and
+        bind to its room), as the consolidation deletes a node whose pods fit elsewhere: a restarted controller
+        resumes the drains."""
+        for action in s.actions:
+            found = ctrl._claim_by_node_name(action.node)
+            if found is None:
+                continue
+            key, c = found
+            ctrl._start_drain(key, c, w, str(action.reason), involuntary=False)
+            result.disrupted += 1
+            ctrl._record(
+                w.now,
+                EventKind.CONSOLIDATE,
+                f"node/{action.node}",
+                str(action.reason),
+                action.message,
+                action="Delete",
+                pool=action.pool,
+                savingsPerHour=round(action.savings_per_hour, 6),
+            )
+        self.stats.replaced += len(s.actions)
         self.stats.sets += 1
         self.stats.saving_per_hour += s.saving_per_hour
 

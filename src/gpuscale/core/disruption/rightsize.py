@@ -54,6 +54,9 @@ class RightsizeRule:
     max_set: int = 1
     """Replace sets of up to this many nodes together (:mod:`gpuscale.core.disruption.rightsize_multi`); 1: one
     node at a time only."""
+    keep_one: bool = False
+    """A set whose cheapest new node is of the type of one of its own nodes keeps that node and moves the others'
+    pods onto it instead (no launch, and that node's pods keep their work); False: replaced like any set."""
 
 
 def pod_ages(pods: Sequence[Pod], started: Mapping[str, float], now: float) -> list[float] | None:

@@ -16,6 +16,13 @@ among those, the set whose saving over the horizon exceeds its costs by the most
 whole set, ``maxNodes`` the new nodes beside the old ones (pools with ``limits`` are left alone, as by
 ``rightsize``).
 
+With ``keep_one`` (``rightsize: {keepOne: true}``), a set whose cheapest new nodes are one node of the instance type
+and capacity type of one of its own nodes, at no lower price, keeps that node and moves the other nodes' pods onto
+it (:attr:`SetReplacement.kept`): the others are deleted, nothing is launched, and the kept node's pods are not
+evicted. It is valued as a set whose new node costs nothing and boots at once, less the work the moves throw away
+on the deleted nodes only, and taken when the kept node holds every pod of the set (its own as they are bound and
+daemonsets counted).
+
 The search is greedy and bounded: per pool and capacity type the movable nodes are sorted by how full they are
 (the largest of their CPU, memory and GPU shares), emptiest first; from each of the first :data:`SEEDS` nodes a set
 grows by adding, in that order among the first :data:`WIDTH`, each node that raises the set's net value, until it has
@@ -28,7 +35,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from gpuscale.core import labels as L
-from gpuscale.core.disruption.replacement import one_node_for, pack_new_nodes
+from gpuscale.core.disruption.replacement import fits_one_node, one_node_for, pack_new_nodes
 from gpuscale.core.disruption.rightsize import REASON, Movable, Movables, RightsizeRule, movable_nodes
 from gpuscale.core.disruption.values import ActionKind, DisruptionAction, PodDisruptionBudget, Replacement
 from gpuscale.core.memo import Memo
@@ -57,6 +64,9 @@ class SetReplacement:
     value: float
     """Saving over the horizon less the work lost and the boot ($)."""
     actions: tuple[DisruptionAction, ...]
+    kept: str | None = None
+    """``keep_one``: the set's node that stays and takes the others' pods (then ``replacements`` is empty and each
+    action deletes one other node)."""
 
     @property
     def saving_per_hour(self) -> float:
@@ -122,6 +132,7 @@ class _Priced:
     members: tuple[Movable, ...]
     mix: tuple[Replacement, ...]
     value: float
+    kept: Movable | None = None
 
 
 def _price_set(
@@ -132,11 +143,15 @@ def _price_set(
     unavailable: Mapping[OfferingKey, float],
     rule: RightsizeRule,
     room: int | None,
+    daemons: Mapping[str, Sequence[Pod]] | None = None,
 ) -> _Priced | None:
-    """The set's cheapest new nodes and net value, or None if they do not pay (see the module docstring)."""
+    """The set's cheapest new nodes and net value, or None if they do not pay (see the module docstring).
+    ``daemons``: the daemonset pods per node (``keep_one``'s fit on a kept node; None: ``keep_one`` off)."""
     pool = members[0].pool
     pods = [p for m in members for p in m.pods]
     mix = cheapest_mix(pods, pool, ct, catalog, now, unavailable)
+    if daemons is not None and len(mix) == 1 and (kept := _keeper(members, mix[0], pods, daemons)) is not None:
+        return _keep_one(members, kept, rule)
     if not mix or (room is not None and len(mix) > room):
         return None
     price = sum(m.price for m in members)
@@ -147,6 +162,35 @@ def _price_set(
     boot = new_price * rule.cold_start_s / 3600.0
     value = (price - new_price) * rule.horizon_s / 3600.0 - lost - boot
     return _Priced(members, mix, value) if value > 0 else None
+
+
+def _keeper(
+    members: tuple[Movable, ...], new: Replacement, pods: Sequence[Pod], daemons: Mapping[str, Sequence[Pod]]
+) -> Movable | None:
+    """The member of the instance type and capacity type of ``new``, no dearer, that holds all ``pods`` (with its
+    daemonset pods), dearest first; None if there is none."""
+    same = [
+        m
+        for m in members
+        if m.node.labels.get(L.INSTANCE_TYPE) == new.instance_type
+        and m.node.labels.get(L.CAPACITY_TYPE) == str(new.capacity_type)
+        and m.price <= new.hourly_price + 1e-9
+    ]
+    for m in sorted(same, key=lambda m: (-m.price, m.node.name)):
+        if fits_one_node([*daemons.get(m.node.name, ()), *pods], m.node.labels, m.node.taints, m.node.allocatable):
+            return m
+    return None
+
+
+def _keep_one(members: tuple[Movable, ...], kept: Movable, rule: RightsizeRule) -> _Priced | None:
+    """The set kept on ``kept`` (see the module docstring), or None if it does not pay."""
+    gone = [m for m in members if m is not kept]
+    price = sum(m.price for m in members)
+    if kept.price > price * (1.0 - rule.min_saving):
+        return None
+    lost = sum(m.share * m.price * max(m.ages, default=0.0) for m in gone) / 3600.0
+    value = sum(m.price for m in gone) * rule.horizon_s / 3600.0 - lost
+    return _Priced(members, (), value, kept) if value > 0 else None
 
 
 def replace_set(
@@ -172,6 +216,12 @@ def replace_set(
     if found is None:
         found = movable_nodes(nodes, pods, eligible, pools, catalog, now, rule, started, disrupting, pdbs)
     movable, totals, allowed = found
+    daemons: dict[str, list[Pod]] | None = None
+    if rule.keep_one:
+        daemons = {}
+        for p in pods:
+            if p.is_daemonset and p.node_name is not None:
+                daemons.setdefault(p.node_name, []).append(p)
     groups: dict[tuple[str, str], list[Movable]] = {}
     for m in movable:
         groups.setdefault((m.pool.name, m.node.labels.get(L.CAPACITY_TYPE, "")), []).append(m)
@@ -195,7 +245,7 @@ def replace_set(
                 if any(other is c for c in chosen):
                     continue
                 packs += 1
-                priced = _price_set((*chosen, other), cts[0], catalog, now, unavailable, rule, room)
+                priced = _price_set((*chosen, other), cts[0], catalog, now, unavailable, rule, room, daemons)
                 if priced is not None and priced.value > value:
                     chosen, value = priced.members, priced.value
                     if best is None or value > best.value + 1e-9:
@@ -206,6 +256,8 @@ def replace_set(
 
 
 def _as_replacement(p: _Priced) -> SetReplacement:
+    if p.kept is not None:
+        return _as_kept(p, p.kept)
     members = p.members
     price = sum(m.price for m in members)
     new_price = sum(r.hourly_price for r in p.mix)
@@ -222,3 +274,22 @@ def _as_replacement(p: _Priced) -> SetReplacement:
         keys = tuple(q.key for q in m.pods)
         actions.append(DisruptionAction(ActionKind.REPLACE, m.node.name, m.pool.name, REASON, msg, keys, p.mix, saving))
     return SetReplacement(names, members[0].pool.name, p.mix, price, new_price, p.value, tuple(actions))
+
+
+def _as_kept(p: _Priced, kept: Movable) -> SetReplacement:
+    members = p.members
+    price = sum(m.price for m in members)
+    names = tuple(m.node.name for m in members)
+    keeper = kept.node.name
+    oldest = max(max(m.ages) for m in members if m is not kept)
+    actions = []
+    for m in members:
+        if m is kept:
+            continue
+        msg = (
+            f"rightsize set: {len(members)} nodes ({', '.join(names)}) onto {keeper}, which stays (${kept.price:.4g}/h "
+            f"instead of ${price:.4g}/h; the moved pods bound at most {oldest / 60:.0f} min ago)"
+        )
+        keys = tuple(q.key for q in m.pods)
+        actions.append(DisruptionAction(ActionKind.DELETE, m.node.name, m.pool.name, REASON, msg, keys, (), m.price))
+    return SetReplacement(names, members[0].pool.name, (), price, kept.price, p.value, tuple(actions), keeper)
