@@ -46,6 +46,8 @@ import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress, count
+from operator import ne
 
 from gpuscale.controller.config import ControllerConfig
 from gpuscale.core.cron import parse_cron
@@ -61,17 +63,20 @@ PoolOf = Callable[[str], NodePool | None]
 def pod_moves(before: Mapping[str, Sequence[Pod]], after: Mapping[str, Sequence[Pod]]) -> tuple[set[str], set[str]]:
     """Between two observations' bound pods by node: (nodes some pod left, nodes whose set of pods changed).
 
-    Only nodes whose pod lists differ are compared by pod key (lists of the same objects are equal at once)."""
+    Only nodes whose pod lists differ are compared by pod key (lists of the same objects are equal at once); they
+    are found by C-level maps over ``after`` (a node not seen before gets None, which differs from any list), in
+    ``after``'s order, and the nodes gone are looked for only when ``after`` does not hold every name of ``before``."""
     left: set[str] = set()
     moved: set[str] = set()
     before_get = before.get
-    for name, new in after.items():
+    new_names = 0
+    for name in compress(after, map(ne, map(before_get, after), after.values())):
+        new = after[name]
         old = before_get(name)
         if old is None:
+            new_names += 1
             if new:  # pods on a node not seen before: nothing left it
                 moved.add(name)
-            continue
-        if old == new:
             continue
         old_keys = {p.key for p in old}
         new_keys = {p.key for p in new}
@@ -79,10 +84,11 @@ def pod_moves(before: Mapping[str, Sequence[Pod]], after: Mapping[str, Sequence[
             moved.add(name)
             if not old_keys <= new_keys:
                 left.add(name)
-    for name in before.keys() - after.keys():
-        if before[name]:  # every pod left the node
-            moved.add(name)
-            left.add(name)
+    if len(after) - new_names != len(before):  # (else every name of before is in after)
+        for name in before.keys() - after.keys():
+            if before[name]:  # every pod left the node
+                moved.add(name)
+                left.add(name)
     return left, moved
 
 
@@ -247,8 +253,32 @@ class ConsolidationGate:
         seen = list(nodes.values())
         prev_seen = self._nodes_seen
         self._nodes_seen = seen
-        if len(seen) == len(prev_seen) and all(map(operator.is_, seen, prev_seen)):
+        # the positions whose node object is not last round's (C-level; None when the number of nodes changed)
+        remade = list(compress(count(), map(operator.is_not, seen, prev_seen))) if len(seen) == len(prev_seen) else None
+        patched: dict[str, Resources] | None = None
+        if remade and len(remade) * 4 <= len(seen):
+            # a few nodes remade under the same names, in the same order: last round's room with theirs replaced (a
+            # node cordoned dropped) is the room made afresh, in the same order, and the node names are the same
+            patched = dict(prev_room)
+            grew: list[str] = []
+            for i in remade:
+                n = seen[i]
+                name = n.name
+                b = prev_room.get(name)
+                if name != prev_seen[i].name or (b is None and not n.unschedulable):
+                    patched = None  # another node, or one no longer cordoned (its place in the order): made afresh
+                    break
+                if n.unschedulable:
+                    patched.pop(name, None)
+                else:
+                    a = patched[name] = n.allocatable
+                    if b is not a and b != a:
+                        grew.append(name)
+        if remade == []:
             room = prev_room  # the very same nodes as last round: the same room (and names)
+        elif patched is not None:
+            room = patched
+            room_grew.update(grew)
         else:
             self._node_names = frozenset(nodes)
             prev_alloc = prev_room.get
@@ -260,7 +290,7 @@ class ConsolidationGate:
                         room_grew.add(n.name)
         left_some: set[str] = set()
         pods_moved: set[str] = set()
-        if by_node is not prev_by_node and by_node != prev_by_node:  # (lists of the same pods compare equal at once)
+        if by_node is not prev_by_node:  # (lists of the same pods compare equal at once)
             left_some, pods_moved = pod_moves(prev_by_node, by_node)  # nodes a pod left; nodes whose pods changed
         same_disrupting = disrupting == prev_disrupting
         changed = not same_disrupting or unavailable_now != prev_unavailable

@@ -8,6 +8,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from itertools import compress, count
+from operator import attrgetter, is_
+from typing import cast
 
 from gpuscale.controller.consolidation import PassInputs
 from gpuscale.controller.shell import LEAVING, DisruptionInputs, ReconcileResult, ShellBase, World
@@ -43,6 +46,7 @@ _INITIALIZED = (ClaimPhase.INITIALIZED,)
 """The claim phase of candidate nodes."""
 _PLANNING = (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED)
 """Claim phases whose pods are planned onto the claim's node once it is listed."""
+_NODE_NAME = attrgetter("node_name")
 
 
 class ScaleDownSteps(ShellBase):
@@ -181,28 +185,60 @@ class ScaleDownSteps(ShellBase):
         claims = self.claims
         key = (claims, claims.version, tuple(self.replacements.by_old), self.gpr.keys(claims))
         last = self.__dict__.get("_step_inputs_memo")
-        if (
-            last is not None
-            and last[0] == key
-            and last[1] == self.scaleup.planned_on_node
-            and w.nodes.keys() == last[2]
-        ):
+        same_nodes = last is not None and w.nodes.keys() == last[2]
+        if last is not None and same_nodes and last[0] == key and last[1] == self.scaleup.planned_on_node:
             candidates, disrupting, planned, flying = last[3]
             return candidates, set(disrupting), planned, flying
-        made = self._fresh_step_inputs(w)
+        nodes_key: frozenset[str] = last[2] if last is not None and same_nodes else frozenset(w.nodes)
+        made = self._kept_step_inputs(w, nodes_key)
         self.__dict__["_step_inputs_memo"] = (
             key,
             dict(self.scaleup.planned_on_node),
-            frozenset(w.nodes),
+            nodes_key,
             (made[0], frozenset(made[1]), made[2], made[3]),
         )
         return made
 
+    def _kept_step_inputs(
+        self, w: World, nodes_key: frozenset[str]
+    ) -> tuple[set[str], set[str], dict[str, str], frozenset[str]]:
+        """:meth:`_fresh_step_inputs`, each part kept while what it reads is the same: the claims of the phases it
+        looks at (their phase versions), the nodes being replaced, the round's node names (``nodes_key``, the same
+        object while they are the same) and the last plan's pods on existing nodes (one claim changing phase leaves
+        the parts of other phases as they are)."""
+        claims = self.claims
+        version = claims.phase_version
+        parts = self.__dict__.setdefault("_step_parts", {})
+        key: tuple[object, ...] = (
+            claims,
+            tuple(self.replacements.by_old),
+            version(ClaimPhase.DRAINING),
+            version(ClaimPhase.DELETING),
+            version(ClaimPhase.FAILED),
+        )
+        kept = parts.get("disrupting")
+        if kept is None or kept[0] != key:
+            kept = parts["disrupting"] = (key, frozenset(self._disrupting()))
+        disrupting = set(kept[1])
+        key = (claims, version(ClaimPhase.LAUNCHED), version(ClaimPhase.REGISTERED), nodes_key)
+        kept = parts.get("planned")
+        if kept is None or kept[0] != key or kept[1] != self.scaleup.planned_on_node:
+            kept = parts["planned"] = (key, dict(self.scaleup.planned_on_node), self._planned(w))
+        planned = kept[2]
+        key = (claims, version(ClaimPhase.REQUESTED), version(ClaimPhase.LAUNCHED), nodes_key)
+        kept = parts.get("flying")
+        if kept is None or kept[0] != key:
+            kept = parts["flying"] = (key, self._flying(w))
+        return self._candidate_nodes(), disrupting, planned, kept[1]
+
     def _fresh_step_inputs(self, w: World) -> tuple[set[str], set[str], dict[str, str], frozenset[str]]:
         """:meth:`_step_inputs` computed afresh (the candidate node set itself is kept by the gate)."""
+        return self._candidate_nodes(), self._disrupting(), self._planned(w), self._flying(w)
+
+    def _candidate_nodes(self) -> set[str]:
+        """The nodes of Initialized claims, less those being replaced, their replacements and GPR-held ones."""
         gate = self.gate
         replacing = self.replacements.by_old
-        disrupting: set[str] = set(replacing)
         held = self.gpr.keys(self.claims)  # a GPR's nodes are never consolidated while it holds them
         # the candidate nodes depend on the Initialized claims, the nodes being replaced and the held claims only: kept
         # while the table's Initialized claims (their phase version) and those two are the same (nothing changes the
@@ -214,19 +250,25 @@ class ScaleDownSteps(ShellBase):
             held,
         )
         if gate.candidate_nodes[0] == key_of_candidates:
-            candidates = gate.candidate_nodes[1]
-        else:
-            candidates = set()
-            for key, c in self.claims.in_phases(_INITIALIZED):  # (in table order: the same set, built in that order)
-                name = c.node_name
-                # neither a node being replaced nor one of its (already ready) replacements is a candidate
-                if name and name not in replacing and c.replaces not in replacing and key not in held:
-                    candidates.add(name)
-            gate.candidate_nodes = (key_of_candidates, candidates)
+            return gate.candidate_nodes[1]
+        candidates = set()
+        for key, c in self.claims.in_phases(_INITIALIZED):  # (in table order: the same set, built in that order)
+            name = c.node_name
+            # neither a node being replaced nor one of its (already ready) replacements is a candidate
+            if name and name not in replacing and c.replaces not in replacing and key not in held:
+                candidates.add(name)
+        gate.candidate_nodes = (key_of_candidates, candidates)
+        return candidates
+
+    def _disrupting(self) -> set[str]:
+        """Nodes being replaced, and the nodes of claims on their way out (draining, deleting, failed)."""
+        disrupting: set[str] = set(self.replacements.by_old)
         disrupting.update(c.node_name for _, c in self.claims.in_phases(LEAVING) if c.node_name)
-        planned = self._planned(w)
-        flying = frozenset(k for k, c in self.claims.in_phases(_FLYING) if c.node_name not in w.nodes)
-        return candidates, disrupting, planned, flying
+        return disrupting
+
+    def _flying(self, w: World) -> frozenset[str]:
+        """The claims (Requested, Launched) whose node is not among the round's Nodes: nodes in flight."""
+        return frozenset(k for k, c in self.claims.in_phases(_FLYING) if c.node_name not in w.nodes)
 
     def _planned(self, w: World) -> dict[str, str]:
         """Pending pods already planned onto existing nodes (pod key -> node name)."""
@@ -252,24 +294,26 @@ class ScaleDownSteps(ShellBase):
             # node are the same (kept for the pods planned now only)
             made = self.__dict__.get("_planned_pods", {})
             kept: dict[str, tuple[Pod, str, Pod]] = {}
-            for i, p in enumerate(w.pods):
+            for p in w.unbound():  # (a pending pod has no node: the unbound pods, in pods' order, hold them all)
                 if p.pending and (on := planned.get(p.key)) is not None:
                     last = made.get(p.key)
                     if last is None or last[0] is not p or last[1] != on:
                         last = (p, on, replace(p, node_name=on))
                     kept[p.key] = last
-                    if pods is w.pods:
-                        pods = list(pods)
-                    pods[i] = last[2]
             self.__dict__["_planned_pods"] = kept
-            if kept:  # the planned nodes' lists gain the planned pods, in pods' order
+            if kept:  # each planned pod replaces its pending pod, found by identity (C-level) in pods' order
+                pods = list(pods)
+                by_id = {id(last[0]): last[2] for last in kept.values()}
+                for i in compress(count(), map(by_id.__contains__, map(id, pods))):
+                    pods[i] = by_id[id(pods[i])]
+                # the planned nodes' lists gain the planned pods, in pods' order
                 gained: dict[str, list[Pod]] = {}
-                for p in pods:
-                    if (on := p.node_name) in protected:
-                        if (lst := gained.get(on)) is None:
-                            gained[on] = [p]
-                        else:
-                            lst.append(p)
+                for p in compress(pods, map(protected.__contains__, map(_NODE_NAME, pods))):
+                    on = cast(str, p.node_name)  # (a protected node's name: never None)
+                    if (lst := gained.get(on)) is None:
+                        gained[on] = [p]
+                    else:
+                        lst.append(p)
                 by_node = {**by_node, **gained}
         nodes = list(w.nodes.values())
         gpr_keys = self.gpr.keys(self.claims)
@@ -428,13 +472,24 @@ class ScaleDownSteps(ShellBase):
         ):
             self.deletions.orphans({})
             return
-        for n in w.nodes.values():
+        # a Node object found without orphan label is still one while the claim table's keys are the same (a Node is
+        # never changed): only the other Nodes are looked at (a new listing remakes only the nodes that changed)
+        nodes = w.nodes
+        checked = self.__dict__.get("_orphan_checked")
+        if checked is not None and checked[0] is claims and checked[1] == claims.keys_version:
+            seen = checked[2]
+            if all(map(is_, map(seen.get, nodes), nodes.values())):  # (C-level: every Node seen before)
+                self.deletions.orphans({})
+                self.__dict__["_orphan_free"] = (listing, claims, claims.keys_version)
+                return
+        for n in nodes.values():
             rid = n.labels.get(REQUEST_ID_LABEL)
             if rid is not None and rid not in claims:
                 break
         else:  # every labelled Node has its claim: no orphan (the common case, checked without building anything)
             self.deletions.orphans({})
             self.__dict__["_orphan_free"] = (listing, claims, claims.keys_version)
+            self.__dict__["_orphan_checked"] = (claims, claims.keys_version, dict(nodes))
             return
         scan = orphan_step(
             list(w.nodes.values()),

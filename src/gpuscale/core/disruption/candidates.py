@@ -40,7 +40,7 @@ def conforms(node: Node, pool: NodePool) -> str | None:
     if pool.zones and zone is not None and zone not in pool.zones:
         return f"zone {zone} is no longer allowed by pool {pool.name}"
     ct = node.labels.get(L.CAPACITY_TYPE)
-    if pool.capacity_types and ct is not None and ct not in {str(c) for c in pool.capacity_types}:
+    if pool.capacity_types and ct is not None and ct not in pool.capacity_types:  # (a StrEnum equals its value)
         return f"capacity type {ct} is not one of pool {pool.name}'s ({', '.join(map(str, pool.capacity_types))})"
     return None
 

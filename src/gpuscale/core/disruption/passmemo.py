@@ -21,6 +21,13 @@ a little passes one :class:`PassMemo` to every call. The results are those of a 
   none" is judged on the row as it stands. A judged candidate stays valid only from one pass to the next: one a
   pass does not see, or sees after an action, is dropped.
 
+- **replacement searches** (:attr:`PassMemo.searched`): a candidate judged again whose pods fit nowhere (or only
+  some of them) searches new nodes for the pods left over; the search reads the node (its labels), pool, reason,
+  price and those pods, and the market: pools, catalog, the offerings unavailable now and (for pools with maxNodes
+  or limits) the pools' totals, all in the memo key, plus the replacements already bought in the pass. So a search
+  made before the pass bought any is reused for the same node and pool objects, reason, price and pods left over
+  (the same objects, in order) under an equal memo key, while the current pass has bought none either.
+
 Passes with PodDisruptionBudgets reuse nothing (their allowances count every pod in the cluster).
 """
 
@@ -34,7 +41,14 @@ from operator import is_, ne
 
 from gpuscale.core.disruption.budgets import allowed_disruptions
 from gpuscale.core.disruption.candidates import CandidateMemo
-from gpuscale.core.disruption.values import BudgetVerdict, Candidate, DisruptionReason, KeepReason, Kept
+from gpuscale.core.disruption.values import (
+    BudgetVerdict,
+    Candidate,
+    DisruptionReason,
+    KeepReason,
+    Kept,
+    Replacement,
+)
 from gpuscale.core.model import DisruptionBudget, Node, NodePool, Pod
 from gpuscale.core.predicates import static_fit
 from gpuscale.core.resources import MILLI_PER_GPU
@@ -61,9 +75,10 @@ class Row:
     top: int
     pos: tuple[int, int, int, int]
     """(cpu, mem, gpu, slots), each at least 0: what the row adds to the total free room."""
-    recv: tuple[Node, int, int, int, int, str | None, list[int]]
-    """(node, free CPU and memory at least 0, entirely free GPUs, largest free share, GPU model, ``g_row``): the row
-    as a pass's receivers list it."""
+    recv: tuple[Node, int, int, int, int, str | None, list[int], int, int, int]
+    """(node, free CPU and memory at least 0, entirely free GPUs, largest free share, GPU model, ``g_row``, and its
+    allocatable CPU, memory and milli-GPU, each at least 1: the best-fit score's scales): the row as a pass's
+    receivers list it."""
 
 
 def build_row(node: Node, pods: Sequence[Pod]) -> Row:
@@ -83,7 +98,18 @@ def build_row(node: Node, pods: Sequence[Pod]) -> Row:
     g_row, full, top = fresh_gpu_row(a.gpus, whole, tuple(fractions))
     slots = a.pods - len(pods)
     pos = (max(0, cpu), max(0, mem), max(0, gpu), max(0, slots))
-    recv = (node, pos[0], pos[1], full, top, node.gpu_model, g_row)
+    recv = (
+        node,
+        pos[0],
+        pos[1],
+        full,
+        top,
+        node.gpu_model,
+        g_row,
+        max(a.cpu_milli, 1),
+        max(a.memory_mib, 1),
+        max(a.gpus * MILLI_PER_GPU, 1),
+    )
     return Row(node, pods, cpu, mem, gpu, slots, g_row, full, top, pos, recv)
 
 
@@ -134,7 +160,7 @@ def rows_of(
             changed.update(cached.keys() - out.keys())
         if memo is not None:
             names = list(out)
-            memo.made = (out, list(dest), names, [by_node.get(name) for name in names] if len(out) == len(dest) else [])
+            memo.made = (out, list(dest), names, list(map(by_node.get, names)) if len(out) == len(dest) else [])
     if memo is None or len(changed) * 2 > len(out):
         cpu, mem, gpu, slots = (sum(x) for x in zip(*[r.pos for r in out.values()], strict=True)) if out else (0,) * 4
     else:  # the last total, corrected by the changed rows
@@ -199,6 +225,7 @@ class PassMemo:
         "order",
         "reused",
         "rows",
+        "searched",
         "total",
         "verdicts",
     )
@@ -231,6 +258,12 @@ class PassMemo:
         self.verdicts: dict[tuple[int, DisruptionReason, int, int], tuple[NodePool, BudgetVerdict]] = {}
         """(pool id, reason, its nodes, those being disrupted) -> (the pool, its budget verdict), for pools without
         scheduled budgets (:meth:`verdict`)."""
+        self.searched: dict[
+            str,
+            tuple[Node, NodePool, DisruptionReason, float, list[Pod], tuple[object, ...], tuple[Replacement, ...]],
+        ] = {}
+        """Node name -> its last replacement search before any replacement was bought in its pass: (node, pool,
+        reason, price, pods left over, the pass's memo key, the replacements found, possibly none)."""
         self.hits = 0
         """Passes whose every candidate was kept as judged before (for tests and benchmarks)."""
         self.reused = 0

@@ -114,6 +114,7 @@ class _Sim:
         state: _Rows,
         usable: list[bool],
         workloads: Mapping[str, Mapping[str, str]] | None = None,
+        caps: tuple[list[int], list[int], list[int]] | None = None,
     ) -> None:
         self.nodes = nodes
         self.models = models
@@ -123,9 +124,14 @@ class _Sim:
         """Rows that took pods from a node disrupted this round (no longer candidates this round)."""
         self.workloads = workloads
         """The active GPRs' workload selectors: their nodes take only their workloads' pods."""
-        self.cpu_cap = [max(n.allocatable.cpu_milli, 1) for n in nodes]
-        self.mem_cap = [max(n.allocatable.memory_mib, 1) for n in nodes]
-        self.gpu_cap = [max(n.allocatable.gpus * MILLI_PER_GPU, 1) for n in nodes]
+        if caps is None:  # (a pass gives its rows' scales, kept with each row)
+            caps = (
+                [max(n.allocatable.cpu_milli, 1) for n in nodes],
+                [max(n.allocatable.memory_mib, 1) for n in nodes],
+                [max(n.allocatable.gpus * MILLI_PER_GPU, 1) for n in nodes],
+            )
+        self.cpu_cap, self.mem_cap, self.gpu_cap = caps
+        """The allocatable CPU, memory and milli-GPU of each row, at least 1 (the best-fit score's scales)."""
 
     def fit_elsewhere(self, pods: Sequence[Pod], exclude: int) -> tuple[_Rows, list[Pod], set[int]]:
         """Place ``pods`` best-fit on usable rows other than ``exclude``: among the rows a pod fits (room, GPU model,
@@ -269,12 +275,13 @@ def plan_disruption(
     def may_fit_elsewhere(n: Node, wl: Sequence[Pod]) -> bool:
         return fits_total(free_total, room.get(n.name), wl)
 
-    receivers: list[list[tuple[Node, int, int, int, int, str | None, list[int]]]] = []
+    receivers: list[list[tuple[Node, int, int, int, int, str | None, list[int], int, int, int]]] = []
 
-    def may_receive() -> list[tuple[Node, int, int, int, int, str | None, list[int]]]:
+    def may_receive() -> list[tuple[Node, int, int, int, int, str | None, list[int], int, int, int]]:
         """The destinations that might take a candidate's pod, with their room before this pass (free CPU, memory,
         entirely free GPUs, largest free GPU share), GPU model and free milli-GPU per GPU (as
-        :meth:`~gpuscale.core.state.ClusterState.occupy_all` accounts the pods bound to them).
+        :meth:`~gpuscale.core.state.ClusterState.occupy_all` accounts the pods bound to them) and the best-fit
+        score's scales (:attr:`~gpuscale.core.disruption.passmemo.Row.recv`).
 
         A node without the CPU, memory or pod slot the smallest candidate pod needs never takes a pod this pass (room
         only shrinks), so it is left out; the order of the others (which breaks ties) is kept."""
@@ -300,7 +307,7 @@ def plan_disruption(
             r = p.request
             r_cpu, r_mem, r_gpus, r_milli = r.cpu_milli, r.memory_mib, r.gpus, r.gpu_milli
             models = r.gpu_models if (r_gpus > 0 or r_milli > 0) else None
-            for m, cpu, mem, full, top, model, _ in recv:
+            for m, cpu, mem, full, top, model, _, _, _, _ in recv:
                 if cpu < r_cpu or mem < r_mem:
                     continue
                 if r_gpus:
@@ -333,7 +340,8 @@ def plan_disruption(
             for name in removed:
                 if name in row:
                     usable[row[name]] = False
-            lazy.append(_Sim(rows, [r[5] for r in recv], state, usable, workloads=workloads or None))
+            caps = ([r[7] for r in recv], [r[8] for r in recv], [r[9] for r in recv])
+            lazy.append(_Sim(rows, [r[5] for r in recv], state, usable, workloads=workloads or None, caps=caps))
         return lazy[0]
 
     looked_at: Sequence[Node] = dest
@@ -406,6 +414,11 @@ def plan_disruption(
     market = Market(tuple(pools), catalog, now, unavailable or {}, nodes)
 
     pdb_left = pdb_allowances(pdbs, [p for p in pods if is_live(p)]) if pdbs else {}
+    # replacement searches kept across passes (only when the memo key stands for the market's inputs)
+    searched = memo.searched if memo is not None and memo_key else None
+    if searched is not None and len(searched) > 4 * len(cands) + 64:  # (entries of nodes long gone)
+        searched.clear()
+    bought = False
     pdb_of = {f"{b.namespace}/{b.name}": b for b in pdbs}
 
     actions: list[DisruptionAction] = []
@@ -485,12 +498,29 @@ def plan_disruption(
             )
             continue
         if left:
-            single = find_replacement(n, pool, reason, left, price, market)
-            replacements = (single,) if single is not None else ()
-            if reason is DisruptionReason.UNDERUTILIZED and len(left) > 1:
-                split = split_replacement(n, pool, left, single.hourly_price if single else price, market)
-                if split:
-                    replacements = split
+            # the last search for this node, reused for the same node, pool, reason, price and pods left over while
+            # the market is as at the start of the pass (no replacement bought yet) under the same shared inputs
+            known = searched.get(n.name) if searched is not None and not bought else None
+            if (
+                known is not None
+                and known[0] is n
+                and known[1] is pool
+                and known[2] is reason
+                and known[3] == price
+                and known[5] == memo_key
+                and len(known[4]) == len(left)
+                and all(map(is_, known[4], left))
+            ):
+                replacements = known[6]
+            else:
+                single = find_replacement(n, pool, reason, left, price, market)
+                replacements = (single,) if single is not None else ()
+                if reason is DisruptionReason.UNDERUTILIZED and len(left) > 1:
+                    split = split_replacement(n, pool, left, single.hourly_price if single else price, market)
+                    if split:
+                        replacements = split
+                if searched is not None and not bought:
+                    searched[n.name] = (n, pool, reason, price, left, memo_key, replacements)
             if not replacements:
                 why = KeepReason.PODS_DO_NOT_FIT if reason is DisruptionReason.DRIFTED else KeepReason.NO_REPLACEMENT
                 detail = (
@@ -534,6 +564,7 @@ def plan_disruption(
                 )
             )
         else:
+            bought = True  # (the market's counts change: no search is reused or kept for the rest of the pass)
             for r in replacements:
                 market.bought(r)
             new_price = sum(r.hourly_price for r in replacements)
