@@ -120,6 +120,14 @@ def test_demo_run_is_identical_without_the_round_shortcuts(monkeypatch: pytest.M
         return got
 
     monkeypatch.setattr(scaleup.ScaleUpSteps, "_leaving", checked_leaving)
+    signature = scaleup.ScaleUpSteps._signature
+
+    def checked_signature(self: Any, real: Any, virtual: Any, w: Any) -> object:  # the kept claim phases are right
+        got = signature(self, real, virtual, w)
+        assert got[2] == frozenset((k, c.phase) for k, c in self.claims.items())  # type: ignore[index]
+        return got
+
+    monkeypatch.setattr(scaleup.ScaleUpSteps, "_signature", checked_signature)
     path = ROOT / "examples" / "demo.yaml"
     fast = _run(path)
     fast_gates = list(gates)

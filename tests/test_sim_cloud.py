@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import pytest
 
@@ -103,6 +103,31 @@ def test_launch_is_idempotent_by_request_id() -> None:
         cloud.launch(req("r1", count=4))
     assert exc.value.field == "request_id"
     assert len(cloud.list_nodes()) == 3
+
+
+def test_a_listed_node_equals_the_cloud_node_made_by_its_own_init() -> None:
+    """The cloud's node snapshots set CloudNode's fields one by one: every field is set, to what __init__ would set."""
+    eng, cloud, _ = make()
+    (node,) = cloud.launch(LaunchRequest("r", "gpu", "t4-1", "z2", SPOT, 1, labels={"team": "a"}))
+    eng.run_until(30.0)
+    (listed,) = cloud.list_nodes()
+    made = CloudNode(
+        node_id=node.node_id,
+        request_id="r",
+        pool="gpu",
+        instance_type="t4-1",
+        zone="z2",
+        capacity_type=SPOT,
+        state=CloudNodeState.RUNNING,
+        created_at=0.0,
+        node_name=node.node_name,
+        instance_id=node.node_id,
+        labels={"team": "a"},
+    )
+    assert listed == made
+    assert {f.name: getattr(listed, f.name) for f in fields(CloudNode)} == {
+        f.name: getattr(made, f.name) for f in fields(CloudNode)
+    }
 
 
 def test_lifecycle_follows_the_latencies_and_tells_the_listener() -> None:

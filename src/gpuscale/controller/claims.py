@@ -36,6 +36,9 @@ class ClaimTable(dict[str, NodeClaim]):
         """Phases -> :meth:`in_phases`'s answer. An entry is dropped when a claim of one of its phases changes (one
         entering or leaving them, or replaced by a different object while in them): changes in other phases leave
         the answer as it is (most claims sit in Initialized while others launch, and the reverse)."""
+        self._memo_of: dict[ClaimPhase, dict[object, None]] = {p: {} for p in ClaimPhase}
+        """Phase -> the keys of ``_memo`` that include it (an ordered set; a key dropped through another phase may
+        linger here until this phase changes: dropping it again is harmless)."""
         self.listener: Callable[[str, NodeClaim | None], None] | None = None
         """Told of each change: (key, new claim), or (key, None) when the claim is removed (the change feed)."""
         self._name_watchers: list[set[str]] = []
@@ -54,8 +57,10 @@ class ClaimTable(dict[str, NodeClaim]):
             return
         self.version += 1
         self._phase_version[claim.phase] += 1
-        if self._memo:
-            self._forget(claim.phase, None if old is None else old.phase)
+        if self._memo_of[claim.phase]:
+            self._forget(claim.phase)
+        if old is not None and old.phase is not claim.phase and self._memo_of[old.phase]:
+            self._forget(old.phase)
         if old is None:
             self.keys_version += 1
             self._order[key] = self._added
@@ -93,8 +98,8 @@ class ClaimTable(dict[str, NodeClaim]):
         self.version += 1
         self.keys_version += 1
         self._phase_version[old.phase] += 1
-        if self._memo:
-            self._forget(old.phase, None)
+        if self._memo_of[old.phase]:
+            self._forget(old.phase)
         del self._phase_keys[old.phase][key]
         del self._order[key]
         self._unname(key, old.node_name)
@@ -129,6 +134,8 @@ class ClaimTable(dict[str, NodeClaim]):
         for keys in self._phase_keys.values():
             keys.clear()
         self._memo.clear()
+        for kept in self._memo_of.values():
+            kept.clear()
         self._order.clear()
         self._named.clear()
 
@@ -137,11 +144,12 @@ class ClaimTable(dict[str, NodeClaim]):
 
     update = setdefault = popitem = __ior__ = _read_only
 
-    def _forget(self, phase: ClaimPhase, other: ClaimPhase | None) -> None:
-        """Drop the kept :meth:`in_phases` answers that include ``phase`` or ``other`` (a claim of theirs changed)."""
-        memo = self._memo
-        for phases in [k for k in memo if phase in k or other in k]:  # type: ignore[operator]
-            del memo[phases]
+    def _forget(self, phase: ClaimPhase) -> None:
+        """Drop the kept :meth:`in_phases` answers that include ``phase`` (a claim of that phase changed)."""
+        memo, kept = self._memo, self._memo_of[phase]
+        for phases in kept:
+            memo.pop(phases, None)
+        kept.clear()
 
     def in_phases(self, phases: Iterable[ClaimPhase]) -> Sequence[tuple[str, NodeClaim]]:
         """(key, claim) of every claim in one of ``phases``, in table order (never changed afterwards: safe to change
@@ -154,6 +162,8 @@ class ClaimTable(dict[str, NodeClaim]):
         found = self._memo.get(phases)
         if found is None:
             found = self._memo[phases] = tuple(self._in_phases(phases))
+            for p in phases:
+                self._memo_of[p][phases] = None
         return found
 
     def _in_phases(self, phases: Iterable[ClaimPhase]) -> list[tuple[str, NodeClaim]]:

@@ -233,22 +233,27 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
     def _timed_deadlines(self) -> list[float]:
         """The deadlines of the claims in a timed phase (:func:`~gpuscale.core.nodeclaim.deadline`), in table
         order; kept while those claims are unchanged."""
-        return self._deadlines_kept()[1]
+        return self._deadlines_kept()[2]
 
-    def _deadlines_kept(self) -> tuple[object, list[float], list[float]]:
-        """(the claims in a timed phase, :meth:`_timed_deadlines`, each just after its deadline: the wake-up times),
-        made again when the claim table answers another tuple for those phases (a claim of theirs changed)."""
-        timed = self.claims.in_phases(TIMED_PHASES)
+    def _deadlines_kept(self) -> tuple[int, object, list[float], list[float]]:
+        """(the claim table's version, its claims in a timed phase, :meth:`_timed_deadlines`, each just after its
+        deadline: the wake-up times), made again when the table answers another tuple for those phases (a claim of
+        theirs changed); not asked again while the table's version is the same."""
+        claims = self.claims
         kept = self.observed.deadlines
-        if kept is not None and kept[0] is timed:
+        if kept is not None and kept[0] == claims.version:
+            return kept
+        timed = claims.in_phases(TIMED_PHASES)
+        if kept is not None and kept[1] is timed:
+            kept = self.observed.deadlines = (claims.version, timed, kept[2], kept[3])
             return kept
         found = [t for _, c in timed if (t := deadline(c)) is not None]
-        kept = self.observed.deadlines = (timed, found, [t + 1e-6 for t in found])
+        kept = self.observed.deadlines = (claims.version, timed, found, [t + 1e-6 for t in found])
         return kept
 
     def _timer_candidates(self) -> list[float]:
         times = self.scaleup.wake_times(self.availability)
-        times += self._deadlines_kept()[2]
+        times += self._deadlines_kept()[3]
         for key in self.observed.unlisted:
             unlisted = self.claims.get(key)
             if unlisted is not None and unlisted.phase is _LAUNCHED:

@@ -140,9 +140,9 @@ class Observation:
         """Candidate wake-up times, computed on demand after each round (None: not yet)."""
         self.wake_next: float | None = None
         """The earliest of ``wake_times`` after the time it was last asked at (valid while ``wake_times`` is)."""
-        self.deadlines: tuple[object, list[float], list[float]] | None = None
-        """(the claim table's answer for the timed phases, the deadlines of those claims, each plus 1 µs) as last
-        computed."""
+        self.deadlines: tuple[int, object, list[float], list[float]] | None = None
+        """(the claim table's version, its answer for the timed phases, the deadlines of those claims, each plus
+        1 µs) as last computed."""
 
     def live_pods(self, listed: Sequence[Pod], phases: Collection[str]) -> tuple[list[Pod], World | None]:
         """The pods of ``listed`` in one of ``phases``, and the last world built on the same list (None if the list

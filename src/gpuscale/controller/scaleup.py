@@ -82,8 +82,8 @@ class ScaleUpSteps(ShellBase):
     """
     _in_flight_kept: tuple[object, tuple[set[str], set[str]]] | None = None
     """(the claim table's answer for the phases in flight, :meth:`_in_flight`'s answer)."""
-    _leaving_kept: tuple[object, frozenset[str]] | None = None
-    """(the claim table's answer for the leaving phases, :meth:`_leaving`'s answer)."""
+    _leaving_kept: tuple[int, object, frozenset[str]] | None = None
+    """(the claim table's version, its answer for the leaving phases, :meth:`_leaving`'s answer)."""
     _shown: dict[str, tuple[Node, NodeClaim | None, Node]] | None = None
     """Node name -> (listed Node, its claim, the Node the planner is shown) of the last snapshot: the shown Node
     depends on these two alone (both immutable), so it is the same object while they are (the planner's rows of a
@@ -134,12 +134,16 @@ class ScaleUpSteps(ShellBase):
     def _leaving(self) -> frozenset[str]:
         """The node names of the claims whose node is leaving; kept while the claim table answers the very same tuple
         for the leaving phases (those claims are unchanged)."""
-        leaving = self.claims.in_phases(LEAVING)
+        claims = self.claims
         kept = self._leaving_kept
-        if kept is not None and kept[0] is leaving:
-            return kept[1]
-        names = frozenset([c.node_name for _, c in leaving if c.node_name])
-        self._leaving_kept = (leaving, names)
+        if kept is not None and kept[0] == claims.version:  # (asked every round: the table unchanged, the answer too)
+            return kept[2]
+        leaving = claims.in_phases(LEAVING)
+        if kept is not None and kept[1] is leaving:
+            names = kept[2]
+        else:
+            names = frozenset([c.node_name for _, c in leaving if c.node_name])
+        self._leaving_kept = (claims.version, leaving, names)
         return names
 
     def _in_flight(self) -> tuple[set[str], set[str]]:
@@ -286,14 +290,23 @@ class ScaleUpSteps(ShellBase):
         carried out: OptionsController)."""
         return decision
 
+    _phases_kept: tuple[int, frozenset[tuple[str, object]]] | None = None
+    """(the claim table's version, its (key, phase) pairs) for :meth:`_signature`: the same while the version is."""
+
     def _signature(self, real: Sequence[Pod], virtual: Sequence[Pod], w: World) -> object:
         now = w.now
         av = self.availability
         claims = self.claims
+        phases = self._phases_kept
+        if phases is None or phases[0] != claims.version:
+            phases = self._phases_kept = (
+                claims.version,
+                frozenset(zip(claims.keys(), map(_PHASE, claims.values()), strict=True)),
+            )
         return plan_signature(
             frozenset([p.key for p in real]),
             frozenset([p.key for p in virtual]),
-            frozenset(zip(claims.keys(), map(_PHASE, claims.values()), strict=True)),
+            phases[1],
             [k for k, t in av.offerings.items() if t > now],
             w.nodes,
             [p for p in av.backoffs if av.backed_off(p, now)],

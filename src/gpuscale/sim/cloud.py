@@ -273,20 +273,25 @@ class _Rec:
         if self.snap is not None:
             return self.snap
         r = self.request
-        self.snap = CloudNode(
-            node_id=self.node_id,
-            request_id=r.request_id,
-            pool=r.pool,
-            instance_type=r.instance_type,
-            zone=r.zone,
-            capacity_type=r.capacity_type,
-            state=self.state,
-            created_at=self.created_at,
-            node_name=self.node_name,
-            instance_id=self.node_id,
-            labels=self.labels,
-        )
-        return self.snap
+        # CloudNode's fields set as its frozen __init__ sets them, without the keyword passing (made again at every
+        # state change of every node); tests/test_sim_cloud.py checks it equals CloudNode(...) field for field
+        snap = self.snap = _new(CloudNode)
+        _set(snap, "node_id", self.node_id)
+        _set(snap, "request_id", r.request_id)
+        _set(snap, "pool", r.pool)
+        _set(snap, "instance_type", r.instance_type)
+        _set(snap, "zone", r.zone)
+        _set(snap, "capacity_type", r.capacity_type)
+        _set(snap, "state", self.state)
+        _set(snap, "created_at", self.created_at)
+        _set(snap, "node_name", self.node_name)
+        _set(snap, "instance_id", self.node_id)
+        _set(snap, "labels", self.labels)
+        return snap
+
+
+_new = object.__new__
+_set = object.__setattr__
 
 
 def _same_intent(a: LaunchRequest, b: LaunchRequest) -> bool:
