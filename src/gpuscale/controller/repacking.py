@@ -24,6 +24,7 @@ restart a pod already bound may be older than ``maxPodAge``, so it is not young.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -88,7 +89,7 @@ def apply_rules(
     if not cfg.pack_onto_empty:
         dp, unkeep = _not_onto_empty(ctrl, dp, inputs, candidates, disrupting, w)
     if not cfg.cpu_pods_onto_empty and dp.actions:
-        dp = _keep_cpu_pods(ctrl, dp, inputs, disrupting, w)
+        dp = _keep_cpu_pods(ctrl, dp, inputs, candidates, disrupting, since, w)
     if cfg.evict_max_pod_age is not None and dp.actions:
         dp = hold_old_pods(dp, started, cfg.evict_max_pod_age, w.now)
     if cfg.repack is not None and not dp.actions:
@@ -121,14 +122,38 @@ def cordon_spot_swaps(ctrl: Controller, w: World) -> None:
 
 
 def _keep_cpu_pods(
-    ctrl: Controller, dp: DisruptionPlan, inputs: DisruptionInputs, disrupting: set[str], w: World
+    ctrl: Controller,
+    dp: DisruptionPlan,
+    inputs: DisruptionInputs,
+    candidates: set[str],
+    disrupting: set[str],
+    since: Mapping[str, float],
+    w: World,
 ) -> DisruptionPlan:
     """``cpuPodsOntoEmpty: false``: :func:`~gpuscale.core.disruption.cpuonly.keep_cpu_pods`, the empty nodes that may
     go instead being every consolidatable node (not only those due: an empty node kept warm is still waiting) not
-    being disrupted and not held for planned pods."""
+    being disrupted and not held for planned pods. The pass judged the candidates after a dropped deletion as if its
+    pods had taken room (and its budget), so when one is dropped the pass is made again without the dropped nodes,
+    with the empty nodes released in their place as candidates due now (the pass itself then deletes them, within
+    budgets), until it plans no such deletion: the plan is one the pass makes, which the consolidation gate's rests
+    and its uncached reference agree on."""
     releasable = ctrl._step_inputs(w)[0] - disrupting - inputs.protected
-    out, _ = keep_cpu_pods(dp, inputs.nodes, inputs.pods, disrupting, releasable, ctrl.catalog)
-    return out
+    out, dropped = keep_cpu_pods(dp, inputs.nodes, inputs.pods, disrupting, releasable, ctrl.catalog)
+    if not dropped:
+        return dp
+    before = {a.node for a in dp.actions}
+    released = {a.node for a in out.actions if a.node not in before}
+    excluded = set(dropped)
+    due = {**since, **dict.fromkeys(released, -math.inf)}
+    while True:
+        again = ctrl._plan_pass(inputs, (candidates | released) - excluded, disrupting, due, w)
+        _, more = keep_cpu_pods(again, inputs.nodes, inputs.pods, disrupting, swap=False)
+        if not more:
+            break
+        excluded.update(more)
+    kept_since = {k: v for k, v in again.since.items() if k not in released}
+    kept_since.update((k, since[k]) for k in released if k in since)
+    return DisruptionPlan(again.actions, again.kept, kept_since)
 
 
 def in_flight(ctrl: Controller) -> dict[str, InFlight]:
