@@ -150,7 +150,9 @@ def test_the_pool_of_a_node_follows_the_claims() -> None:
     )
     c = claim("r1", ClaimPhase.INITIALIZED, node_id="n1", name="node-1")
     assert ctrl._pool_of_node("node-1") is None
+    assert ctrl._pool_of_node("node-1") is None  # answered again from the memo (None is an answer too)
     ctrl.claims["r1"] = c
+    assert ctrl._pool_of_node("node-1") is ctrl.pools["gpu"]
     assert ctrl._pool_of_node("node-1") is ctrl.pools["gpu"]
     ctrl.claims["r1"] = replace(c, pool="other")
     assert ctrl._pool_of_node("node-1") is ctrl.pools["other"]

@@ -87,3 +87,18 @@ def test_gpu_room_is_what_bulk_loading_leaves(bound: list[tuple[int, Request]]) 
     st_.occupy_all(per_row)
     for i, g in enumerate(sizes):
         assert gpu_room(g, per_row[i]) == (int(st_.full_free[i]), int(st_.max_free[i]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), requests), max_size=30), requests)
+def test_the_scalar_fit_agrees_with_the_vector_one(bound: list[tuple[int, Request]], asked: Request) -> None:
+    """fits_one (Python ints read with .item) answers as fits does for every row, after any placements."""
+    shapes = [
+        NodeShape(f"n{i}", Resources(16000, 65536, g, 110), "T4" if g else None) for i, g in enumerate((0, 1, 2, 4))
+    ]
+    state = ClusterState(shapes)
+    for row, req in bound:
+        if state.fits_one(req, row):
+            state.place(req, row)
+    for req in (asked, *(r for _, r in bound)):
+        assert [state.fits_one(req, i) for i in range(len(shapes))] == state.fits(req).tolist()

@@ -174,14 +174,15 @@ class ClusterState:
 
     def fits_one(self, req: Request, i: int) -> bool:
         """True if ``req`` fits on node row ``i`` now (scalar twin of :meth:`fits`)."""
+        # .item: Python ints (no numpy scalar per read, and int comparisons in fits_room): a quarter faster
         return fits_room(
             req,
-            self.cpu_free[i],
-            self.mem_free[i],
-            self.pods_free[i],
-            self.full_free[i],
-            self.max_free[i],
-            self.models[int(self.model_idx[i])],
+            self.cpu_free.item(i),
+            self.mem_free.item(i),
+            self.pods_free.item(i),
+            self.full_free.item(i),
+            self.max_free.item(i),
+            self.models[self.model_idx.item(i)],
         )
 
     def choose_gpus(self, req: Request, i: int) -> tuple[int, ...]:
