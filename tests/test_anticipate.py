@@ -363,3 +363,23 @@ def test_real_first_never_leaves_a_pod_without_room_to_save_money() -> None:
     then = _plan(after_plan(without, _plan(without), moved))
     assert [b.pod for b in then.blocked] == ["default/v"] and not then.launches  # the case the guard is for
     assert real_first(only_g1, plain4, {"default/v"}, _plan, CAT) is plain4
+
+
+# ------------------------------------------------------------------------------------------------ pending first
+def test_launches_for_pods_of_draining_nodes_go_after_those_for_pods_that_wait() -> None:
+    leave = _order("g1", "d", group=0)
+    wait = _order("g1", "p", group=1)
+    extra = LaunchOrder(("up", "gpu", "g1", "z1", "on-demand", "0"), "gpu", "g1", "z1", OD, (), "ScaleUp", 2)
+    plain = _decision(leave, wait, extra)
+    out = anticipate_mod.pending_first(plain, {"d"})
+    assert out.launches == (wait, extra, leave)  # orders and their groups unchanged, only their order
+    assert out.placed == plain.placed
+    # nothing to move: the same object
+    assert anticipate_mod.pending_first(plain, set()) is plain
+    tail = _decision(wait, leave)
+    assert anticipate_mod.pending_first(tail, {"d"}) is tail  # already last
+    both = _decision(_order("g4", "d", "p", group=0), wait)
+    assert anticipate_mod.pending_first(both, {"d"}) is both  # an order with a pod that waits stays where it is
+    # within one group (one plan launch of two nodes) too
+    leave0, wait0 = _order("g1", "d", group=0), _order("g1", "p", group=0)
+    assert anticipate_mod.pending_first(_decision(leave0, wait0), {"d"}).launches == (wait0, leave0)

@@ -25,6 +25,7 @@ from gpuscale.core.anticipate import (
     Verdict,
     after_plan,
     expected_pods,
+    pending_first,
     real_first,
     repack_in_flight,
     settle_extra,
@@ -127,6 +128,8 @@ class AnticipateStats:
     """Plans whose launches for pods were dropped: the pods fit on the nodes in flight (``repack_in_flight``)."""
     reordered: int = 0
     """Plans made again with the pending pods before the pods of draining nodes (``real_first``)."""
+    deferred: int = 0
+    """Plans whose launches for pods of draining nodes were moved after the others (``pending_first``)."""
     used: int = 0
     """Extra nodes settled as used, a pod ran on them (``learnUse``)."""
     unused: int = 0
@@ -219,11 +222,12 @@ class Anticipation:
         replan: Callable[[Snapshot], ScaleUpDecision],
         catalog: Catalog,
     ) -> ScaleUpDecision:
-        """``plain`` with the two corrections :meth:`choose` makes first (``real_first``, then ``repack_in_flight``),
-        counting nothing: the plan the scale-up's check mode compares a skipped plan with."""
+        """``plain`` with the corrections :meth:`choose` makes first (``real_first``, ``repack_in_flight``, then
+        ``pending_first``), counting nothing: the plan the scale-up's check mode compares a skipped plan with."""
         if not plain.launches:
             return plain
-        return repack_in_flight(snapshot, real_first(snapshot, plain, self._leaving(snapshot), replan, catalog))
+        leaving = self._leaving(snapshot)
+        return pending_first(repack_in_flight(snapshot, real_first(snapshot, plain, leaving, replan, catalog)), leaving)
 
     def choose(
         self,
@@ -236,10 +240,12 @@ class Anticipation:
         """``plain``, or ``plain`` with the nodes ``replan`` launches for the expected pods over the snapshot ``plain``
         leaves, when they pay. Only plans that launch nodes are weighed. First, pending pods go before the pods of
         draining nodes (``real_first``), and a plan whose pods all fit on the nodes in flight launches no node for
-        them (``repack_in_flight``): the spare room of extra nodes in flight that the planner's placement missed."""
+        them (``repack_in_flight``): the spare room of extra nodes in flight that the planner's placement missed; nodes
+        for pods of draining nodes are launched after the others (``pending_first``)."""
         if not plain.launches:
             return plain
-        again = real_first(snapshot, plain, self._leaving(snapshot), replan, catalog)
+        leaving = self._leaving(snapshot)
+        again = real_first(snapshot, plain, leaving, replan, catalog)
         if again is not plain:
             self.stats.reordered += 1
             plain = again
@@ -247,6 +253,10 @@ class Anticipation:
         if packed is not plain:
             self.stats.repacked += 1
             plain = packed
+        later = pending_first(plain, leaving)
+        if later is not plain:
+            self.stats.deferred += 1
+            plain = later
         if not plain.launches:
             return plain
         share, use = self.use_shares() if self.spec.learn_use else (1.0, None)

@@ -386,6 +386,24 @@ def _assign(state: ClusterState, reqs: Sequence[Request], allowed: Sequence[Sequ
     return rows if ok else None
 
 
+def pending_first(plain: ScaleUpDecision, leaving: Collection[str]) -> ScaleUpDecision:
+    """``plain`` with its launch orders that carry only pods of draining nodes (``leaving``) after the others, each
+    order (and its group number) unchanged; ``plain`` itself if nothing moves. A node for a pod that waits is
+    launched before a node for a pod that still runs: launched the other way round, the first node is in flight,
+    empty, when the second is launched for a pod that would fit it (the draining node's pod has not left yet)."""
+    if not leaving or not plain.launches:
+        return plain
+
+    def only_leaving(o: LaunchOrder) -> bool:
+        return bool(o.pods) and all(k in leaving for k in o.pods)
+
+    first = [o for o in plain.launches if not only_leaving(o)]
+    later = [o for o in plain.launches if only_leaving(o)]
+    if not later or plain.launches[len(first) :] == tuple(later):
+        return plain
+    return replace(plain, launches=(*first, *later))
+
+
 def real_first(
     snapshot: Snapshot,
     plain: ScaleUpDecision,
