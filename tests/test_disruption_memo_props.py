@@ -1,9 +1,9 @@
 """The disruption pass's memo (:mod:`gpuscale.core.disruption.passmemo`) as property tests: over random sequences of
-node and pod changes (nodes joining, leaving, reordered, replaced by equal objects, cordoned, moved to another pool,
-launching; pods arriving, leaving, moving, resized, replaced by equal objects; the nodes being disrupted), the
-destinations and counts it keeps and the rows it reuses are those computed from scratch, every row whose room
-differs from the last pass's is reported changed, the incremental total is the recomputed one, and a pass given the
-memo (and the caller's pods by node) decides exactly as one without it."""
+node and pod changes (nodes joining, leaving, reordered, replaced by equal objects or with other allocatable,
+cordoned, moved to another pool, launching; pods arriving, leaving, moving, resized, replaced by equal objects; the
+nodes being disrupted), the destinations and counts it keeps and the rows it reuses are those computed from scratch,
+every row whose room differs from the last pass's is reported changed, the incremental total is the recomputed one,
+and a pass given the memo (and the caller's pods by node) decides exactly as one without it."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ POOLS = {
 }
 TYPES = ("g1", "g2", "g4", "c4")
 PROPS = settings(max_examples=150, derandomize=True, deadline=None, database=None)
-STEPS = st.lists(st.tuples(st.integers(0, 14), st.integers(0, 10**6)), min_size=1, max_size=40)
+STEPS = st.lists(st.tuples(st.integers(0, 15), st.integers(0, 10**6)), min_size=1, max_size=40)
 
 
 @dataclass
@@ -81,6 +81,9 @@ class _Cluster:
         elif op == 13:
             k = x // 11 % len(nodes)
             nodes[i], nodes[k] = nodes[k], nodes[i]
+        elif op == 15:  # one node remade with more or fewer GPUs, in its place (a device plugin ready or failed)
+            a = nodes[i].allocatable
+            nodes[i] = replace(nodes[i], allocatable=replace(a, gpus=a.gpus + 1 if x % 2 else max(0, a.gpus - 1)))
         # op 14 (or a step without its object): the same inputs again
 
     def by_node(self) -> dict[str, list[Pod]]:

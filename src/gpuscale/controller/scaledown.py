@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from itertools import compress, count
-from operator import attrgetter, is_
+from operator import attrgetter
 from typing import cast
 
 from gpuscale.controller.consolidation import PassInputs
@@ -185,60 +185,28 @@ class ScaleDownSteps(ShellBase):
         claims = self.claims
         key = (claims, claims.version, tuple(self.replacements.by_old), self.gpr.keys(claims))
         last = self.__dict__.get("_step_inputs_memo")
-        same_nodes = last is not None and w.nodes.keys() == last[2]
-        if last is not None and same_nodes and last[0] == key and last[1] == self.scaleup.planned_on_node:
+        if (
+            last is not None
+            and last[0] == key
+            and last[1] == self.scaleup.planned_on_node
+            and w.nodes.keys() == last[2]
+        ):
             candidates, disrupting, planned, flying = last[3]
             return candidates, set(disrupting), planned, flying
-        nodes_key: frozenset[str] = last[2] if last is not None and same_nodes else frozenset(w.nodes)
-        made = self._kept_step_inputs(w, nodes_key)
+        made = self._fresh_step_inputs(w)
         self.__dict__["_step_inputs_memo"] = (
             key,
             dict(self.scaleup.planned_on_node),
-            nodes_key,
+            frozenset(w.nodes),
             (made[0], frozenset(made[1]), made[2], made[3]),
         )
         return made
 
-    def _kept_step_inputs(
-        self, w: World, nodes_key: frozenset[str]
-    ) -> tuple[set[str], set[str], dict[str, str], frozenset[str]]:
-        """:meth:`_fresh_step_inputs`, each part kept while what it reads is the same: the claims of the phases it
-        looks at (their phase versions), the nodes being replaced, the round's node names (``nodes_key``, the same
-        object while they are the same) and the last plan's pods on existing nodes (one claim changing phase leaves
-        the parts of other phases as they are)."""
-        claims = self.claims
-        version = claims.phase_version
-        parts = self.__dict__.setdefault("_step_parts", {})
-        key: tuple[object, ...] = (
-            claims,
-            tuple(self.replacements.by_old),
-            version(ClaimPhase.DRAINING),
-            version(ClaimPhase.DELETING),
-            version(ClaimPhase.FAILED),
-        )
-        kept = parts.get("disrupting")
-        if kept is None or kept[0] != key:
-            kept = parts["disrupting"] = (key, frozenset(self._disrupting()))
-        disrupting = set(kept[1])
-        key = (claims, version(ClaimPhase.LAUNCHED), version(ClaimPhase.REGISTERED), nodes_key)
-        kept = parts.get("planned")
-        if kept is None or kept[0] != key or kept[1] != self.scaleup.planned_on_node:
-            kept = parts["planned"] = (key, dict(self.scaleup.planned_on_node), self._planned(w))
-        planned = kept[2]
-        key = (claims, version(ClaimPhase.REQUESTED), version(ClaimPhase.LAUNCHED), nodes_key)
-        kept = parts.get("flying")
-        if kept is None or kept[0] != key:
-            kept = parts["flying"] = (key, self._flying(w))
-        return self._candidate_nodes(), disrupting, planned, kept[1]
-
     def _fresh_step_inputs(self, w: World) -> tuple[set[str], set[str], dict[str, str], frozenset[str]]:
         """:meth:`_step_inputs` computed afresh (the candidate node set itself is kept by the gate)."""
-        return self._candidate_nodes(), self._disrupting(), self._planned(w), self._flying(w)
-
-    def _candidate_nodes(self) -> set[str]:
-        """The nodes of Initialized claims, less those being replaced, their replacements and GPR-held ones."""
         gate = self.gate
         replacing = self.replacements.by_old
+        disrupting: set[str] = set(replacing)
         held = self.gpr.keys(self.claims)  # a GPR's nodes are never consolidated while it holds them
         # the candidate nodes depend on the Initialized claims, the nodes being replaced and the held claims only: kept
         # while the table's Initialized claims (their phase version) and those two are the same (nothing changes the
@@ -250,25 +218,19 @@ class ScaleDownSteps(ShellBase):
             held,
         )
         if gate.candidate_nodes[0] == key_of_candidates:
-            return gate.candidate_nodes[1]
-        candidates = set()
-        for key, c in self.claims.in_phases(_INITIALIZED):  # (in table order: the same set, built in that order)
-            name = c.node_name
-            # neither a node being replaced nor one of its (already ready) replacements is a candidate
-            if name and name not in replacing and c.replaces not in replacing and key not in held:
-                candidates.add(name)
-        gate.candidate_nodes = (key_of_candidates, candidates)
-        return candidates
-
-    def _disrupting(self) -> set[str]:
-        """Nodes being replaced, and the nodes of claims on their way out (draining, deleting, failed)."""
-        disrupting: set[str] = set(self.replacements.by_old)
+            candidates = gate.candidate_nodes[1]
+        else:
+            candidates = set()
+            for key, c in self.claims.in_phases(_INITIALIZED):  # (in table order: the same set, built in that order)
+                name = c.node_name
+                # neither a node being replaced nor one of its (already ready) replacements is a candidate
+                if name and name not in replacing and c.replaces not in replacing and key not in held:
+                    candidates.add(name)
+            gate.candidate_nodes = (key_of_candidates, candidates)
         disrupting.update(c.node_name for _, c in self.claims.in_phases(LEAVING) if c.node_name)
-        return disrupting
-
-    def _flying(self, w: World) -> frozenset[str]:
-        """The claims (Requested, Launched) whose node is not among the round's Nodes: nodes in flight."""
-        return frozenset(k for k, c in self.claims.in_phases(_FLYING) if c.node_name not in w.nodes)
+        planned = self._planned(w)
+        flying = frozenset(k for k, c in self.claims.in_phases(_FLYING) if c.node_name not in w.nodes)
+        return candidates, disrupting, planned, flying
 
     def _planned(self, w: World) -> dict[str, str]:
         """Pending pods already planned onto existing nodes (pod key -> node name)."""
@@ -472,24 +434,13 @@ class ScaleDownSteps(ShellBase):
         ):
             self.deletions.orphans({})
             return
-        # a Node object found without orphan label is still one while the claim table's keys are the same (a Node is
-        # never changed): only the other Nodes are looked at (a new listing remakes only the nodes that changed)
-        nodes = w.nodes
-        checked = self.__dict__.get("_orphan_checked")
-        if checked is not None and checked[0] is claims and checked[1] == claims.keys_version:
-            seen = checked[2]
-            if all(map(is_, map(seen.get, nodes), nodes.values())):  # (C-level: every Node seen before)
-                self.deletions.orphans({})
-                self.__dict__["_orphan_free"] = (listing, claims, claims.keys_version)
-                return
-        for n in nodes.values():
+        for n in w.nodes.values():
             rid = n.labels.get(REQUEST_ID_LABEL)
             if rid is not None and rid not in claims:
                 break
         else:  # every labelled Node has its claim: no orphan (the common case, checked without building anything)
             self.deletions.orphans({})
             self.__dict__["_orphan_free"] = (listing, claims, claims.keys_version)
-            self.__dict__["_orphan_checked"] = (claims, claims.keys_version, dict(nodes))
             return
         scan = orphan_step(
             list(w.nodes.values()),

@@ -37,7 +37,7 @@ import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress, count
-from operator import is_, ne
+from operator import is_not, ne
 
 from gpuscale.core.disruption.budgets import allowed_disruptions
 from gpuscale.core.disruption.candidates import CandidateMemo
@@ -122,28 +122,30 @@ def rows_of(
     cached = memo.rows if memo is not None else {}
     changed: set[str] = set()
     made = memo.made if memo is not None else None
-    if (
-        made is not None
-        and made[0] is cached
-        and len(made[1]) == len(dest)
-        and len(cached) == len(dest)
-        and all(map(is_, made[1], dest))
-    ):
-        # the very same destination nodes, in the same order, as the rows kept (names unique): only their pods are
-        # looked up, and the rows whose pods changed built again (the pods are compared list to list)
-        assert memo is not None
+    remade: list[int] | None = None
+    if made is not None and made[0] is cached and len(made[1]) == len(dest) and len(cached) == len(dest):
+        # the positions whose destination node is another object than the kept rows' (C-level)
+        remade = list(compress(count(), map(is_not, made[1], dest)))
         names = made[2]
+        if any(dest[i].name != names[i] for i in remade):
+            remade = None
+    if remade is not None:
+        # the same destination names, in the same order, as the rows kept (names unique): only their pods are looked
+        # up, and the rows whose node object or pods changed built again (the pods are compared list to list)
+        assert memo is not None and made is not None
         bounds = list(map(by_node.get, names))
         last_bounds = made[3]
-        if bounds == last_bounds:
+        if not remade and bounds == last_bounds:
             out = cached
         else:
             out = dict(cached)
-            for i in compress(count(), map(ne, bounds, last_bounds)):
+            redo = set(compress(count(), map(ne, bounds, last_bounds)))
+            redo.update(remade)
+            for i in sorted(redo):
                 name = names[i]
                 out[name] = build_row(dest[i], bounds[i] or ())
                 changed.add(name)
-        memo.made = (out, made[1], names, bounds)
+        memo.made = (out, list(dest) if remade else made[1], names, bounds)
     else:
         out = {}
         get = cached.get
