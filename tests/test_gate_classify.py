@@ -53,6 +53,8 @@ def test_kept_reasons_equal_a_classification_afresh(data: st.DataObject) -> None
             touched.add(name)
         if data.draw(st.booleans()):  # (a new candidate set now and then; the same object otherwise)
             candidates = set(data.draw(st.lists(st.sampled_from(NAMES), unique=True)))
+            if data.draw(st.booleans()):  # made as the step makes its own (never changed) candidate set
+                gate.candidate_nodes = (None, candidates)
         got = gate._classify(candidates, nodes, touched, by_node, {})
         assert got == _afresh(candidates, nodes, by_node)
         assert {n: w for n, w in gate.classes.items() if w is not None} == got and gate.classes.keys() <= candidates
@@ -81,3 +83,19 @@ def test_a_rest_ends_when_its_node_gains_a_pod_after_rounds_that_matched_it() ->
     gate.rest("n2", frozenset({"default/other"}), 4.0)  # rested again while resting, with other pods: compared afresh
     select(on_n2, 5.0)
     assert "n2" not in gate.futile
+
+
+def test_a_candidate_set_changed_in_place_is_compared_again() -> None:
+    """Only the step's own candidate set (never changed once made) is recognised by identity: a caller's set
+    changed in place between two looks is compared, and its new candidate classified."""
+    gate = ConsolidationGate(POOLS, ControllerConfig())
+    nodes = {name: node(name, 8000, 32768, 1, pool="gpu") for name in ("n1", "n2")}
+    candidates = {"n1"}
+    assert gate._classify(candidates, nodes, set(), {}, {}) == {"n1": DisruptionReason.EMPTY}
+    candidates.discard("n1")  # (as many candidates as before: only a comparison tells)
+    candidates.add("n2")
+    assert gate._classify(candidates, nodes, set(), {}, {}) == {"n2": DisruptionReason.EMPTY}
+    own = {"n1"}
+    gate.candidate_nodes = (None, own)
+    assert gate._classify(own, nodes, set(), {}, {}) == {"n1": DisruptionReason.EMPTY}
+    assert gate._classify(own, nodes, set(), {}, {}) == {"n1": DisruptionReason.EMPTY}  # (recognised)

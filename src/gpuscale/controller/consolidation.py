@@ -187,6 +187,9 @@ class ConsolidationGate:
         self._signature: object = None
         self._classified: tuple[frozenset[str], dict[str, DisruptionReason]] | None = None
         """The candidates and their reasons at the last classification (reused while nothing touched them)."""
+        self._classified_from: object = None
+        """The candidate set object of the last classification: when it is the step's own candidate node set
+        (:attr:`candidate_nodes`, never changed once made) and handed in again, the candidates are the same."""
         self.last_evaluation = -math.inf
         self.candidate_nodes: tuple[object, set[str]] = (None, set())
         """(what the candidate node set was made from, the set): kept by the consolidation step between rounds."""
@@ -523,20 +526,24 @@ class ConsolidationGate:
         just became candidates; measured-utilisation pools are recomputed every time."""
         measured = self.measured
         known = self.classes
+        # (the step's own candidate set handed in again: equal to the last one without comparing them)
+        same_set = candidates is self._classified_from and candidates is self.candidate_nodes[1]
         if (
             not measured
             and self._classified is not None
             and len(known) == len(candidates)
-            and candidates == self._classified[0]
+            and (same_set or candidates == self._classified[0])
             and touched.isdisjoint(candidates)
         ):  # the same candidates, each with a reason kept from the last look and none touched: the same answer
+            self._classified_from = candidates
             return self._classified[1]
         pools = self.pools
+        self._classified_from = candidates
         if not measured and self._classified is not None:
             # only the touched candidates and those without a kept reason (new ones) are looked at; the reasons of
             # nodes no longer candidates are dropped: the same map as the loop below makes
             prev_candidates, prev_out = self._classified
-            same = len(known) == len(candidates) and candidates == prev_candidates
+            same = len(known) == len(candidates) and (same_set or candidates == prev_candidates)
             redo = touched & candidates if same else (touched & candidates) | (candidates - known.keys())
             known = dict(known)
             changed = dict(prev_out)

@@ -182,7 +182,8 @@ def find_candidates(
             fresh[n.name] = (n, pool, catalog, wl, cand)
         if cand is not None:
             out.append(cand)
-    out.sort(key=lambda c: c.sort_key)
+    if len(out) > 1:
+        out.sort(key=lambda c: c.sort_key)
     for c in out:  # (in the candidates' order: the same map whatever order ``nodes`` came in)
         name = c.node.name
         if name not in new_since:
