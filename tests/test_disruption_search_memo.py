@@ -91,3 +91,18 @@ def test_a_search_after_a_replacement_was_bought_is_not_kept(searches: list[str]
     assert [(a.node, a.kind) for a in plan.actions] == [("r1", ActionKind.REPLACE), ("r2", ActionKind.REPLACE)]
     assert searches == ["r1", "r2"] and set(memo.searched) == {"r1"}
     assert _decisions(plan) == reference
+
+
+def test_pools_replaced_by_others_are_read_afresh() -> None:
+    """The memo keeps the pools by name for the same pool objects only: a pool replaced by one with maxNodes (the
+    pass may no longer add a node) is read from the new object (fails if the kept pools are reused)."""
+    nodes = [_node("r1", "g4", POOL), _node("f1", "g1", POOL)]
+    pods = [_pod("a", "r1", gpus=1), _pod("q", "f1", gpus=1)]
+    since = {n.name: T0 - 1000.0 for n in nodes}
+    memo = PassMemo()
+    first = plan_disruption(nodes, pods, [POOL], CATALOG, T0, since=since, memo=memo)
+    assert [(a.node, a.kind) for a in first.actions] == [("r1", ActionKind.REPLACE)]
+    capped = replace(POOL, max_nodes=2)
+    again = plan_disruption(nodes, pods, [capped], CATALOG, T0 + 10.0, since=since, memo=memo)
+    assert _decisions(again) == _decisions(plan_disruption(nodes, pods, [capped], CATALOG, T0 + 10.0, since=since))
+    assert not again.actions and memo.pools is not None and memo.pools[1] == {"gpu": capped} and memo.pools[2]

@@ -225,6 +225,7 @@ class PassMemo:
         "made",
         "now",
         "order",
+        "pools",
         "reused",
         "rows",
         "searched",
@@ -266,6 +267,9 @@ class PassMemo:
         ] = {}
         """Node name -> its last replacement search before any replacement was bought in its pass: (node, pool,
         reason, price, pods left over, the pass's memo key, the replacements found, possibly none)."""
+        self.pools: tuple[tuple[NodePool, ...], dict[str, NodePool], bool] | None = None
+        """(the last pass's pools, them by name, whether one has maxNodes or limits): reused for the same pool objects
+        in the same order (a pool is never changed)."""
         self.hits = 0
         """Passes whose every candidate was kept as judged before (for tests and benchmarks)."""
         self.reused = 0

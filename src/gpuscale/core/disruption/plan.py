@@ -249,7 +249,16 @@ def plan_disruption(
     """
     since = since or {}
     utilization = utilization or {}
-    pool_by_name = {p.name: p for p in pools}
+    pools_t = tuple(pools)
+    # the pools by name and whether one has maxNodes or limits: kept while the pools are the same objects, in order
+    kept_pools = memo.pools if memo is not None else None
+    if kept_pools is not None and len(kept_pools[0]) == len(pools_t) and all(map(is_, kept_pools[0], pools_t)):
+        pool_by_name, bounded = kept_pools[1], kept_pools[2]
+    else:
+        pool_by_name = {p.name: p for p in pools}
+        bounded = any(p.max_nodes is not None or p.limits.bounded for p in pools)
+        if memo is not None:
+            memo.pools = (pools_t, pool_by_name, bounded)
     disrupting_set = set(disrupting)
     if by_node is None:
         grouped: dict[str, list[Pod]] = {}
@@ -375,13 +384,13 @@ def plan_disruption(
     budgets: dict[str, tuple[int, int]] = {}
     if memo is not None and not pdbs:
         memo_key = (
-            tuple(pools),
+            pools_t,
             catalog,
             allow_replace,
             workloads,
             frozenset([(k, t) for k, t in unavailable.items() if t > now]) if unavailable else _NONE,
             # the pools' totals (launching nodes too) decide replacements only under maxNodes or limits
-            pool_totals(nodes, catalog) if any(p.max_nodes is not None or p.limits.bounded for p in pools) else None,
+            pool_totals(nodes, catalog) if bounded else None,
         )
 
         def verdict_of(c: Candidate) -> BudgetVerdict:
@@ -411,7 +420,7 @@ def plan_disruption(
     fresh: list[tuple[Candidate, int]] = []  # candidates judged here before any action, with their kept index
     fits: dict[str, bool] = {}
     verdicts: dict[str, BudgetVerdict] = {}
-    market = Market(tuple(pools), catalog, now, unavailable or {}, nodes)
+    market = Market(pools_t, catalog, now, unavailable or {}, nodes)
 
     pdb_left = pdb_allowances(pdbs, [p for p in pods if is_live(p)]) if pdbs else {}
     # replacement searches kept across passes (only when the memo key stands for the market's inputs)
