@@ -85,9 +85,10 @@ _LIVE_PHASES = ("Pending", "Running", "")
 # Enum members as module constants: a class attribute of an Enum costs ~4 times a global lookup in Python 3.11
 # (EnumType defines __getattr__, so every member lookup goes through a slow path); read in per-round loops.
 _GONE = CloudNodeState.GONE
-_INF = math.inf
 _LAUNCHED = ClaimPhase.LAUNCHED
 _REQUESTED = ClaimPhase.REQUESTED
+_INF = math.inf
+"""(read per wake-up candidate as a global instead of a module attribute)"""
 
 
 class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
