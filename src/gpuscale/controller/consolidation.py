@@ -146,6 +146,15 @@ class Mismatch:
     reference: object
 
 
+def _placement_changed(node: Node, before: Node) -> bool:
+    """Whether pods that could (not) go to the node may now differ though its allocatable did not: its labels or
+    taints changed (a zone or GPU label relabelled, a taint removed or added). The gate then treats its room as new:
+    every rest ends and the node is classified again."""
+    if node is before:
+        return False
+    return node.taints != before.taints or (node.labels is not before.labels and node.labels != before.labels)
+
+
 class ConsolidationGate:
     """Clocks, caches and skips of the consolidation step (see the module docstring for the invariant)."""
 
@@ -252,7 +261,7 @@ class ConsolidationGate:
 
         prev_by_node, prev_room, prev_disrupting, prev_unavailable = self._room
         room: Mapping[str, Resources] = {}
-        room_grew: set[str] = set()  # schedulable nodes that are new or whose allocatable changed
+        room_grew: set[str] = set()  # schedulable nodes that are new or whose allocatable, labels or taints changed
         seen = list(nodes.values())
         prev_seen = self._nodes_seen
         self._nodes_seen = seen
@@ -275,7 +284,7 @@ class ConsolidationGate:
                     patched.pop(name, None)
                 else:
                     a = patched[name] = n.allocatable
-                    if b is not a and b != a:
+                    if (b is not a and b != a) or _placement_changed(n, prev_seen[i]):
                         grew.append(name)
         if remade == []:
             room = prev_room  # the very same nodes as last round: the same room (and names)
@@ -285,11 +294,16 @@ class ConsolidationGate:
         else:
             self._node_names = frozenset(nodes)
             prev_alloc = prev_room.get
+            before = {p.name: p for p in prev_seen}
             room = fresh = {}
             for n in seen:
                 if not n.unschedulable:
                     a = fresh[n.name] = n.allocatable
-                    if (b := prev_alloc(n.name)) is None or (b is not a and b != a):
+                    if (
+                        (b := prev_alloc(n.name)) is None
+                        or (b is not a and b != a)
+                        or _placement_changed(n, before[n.name])
+                    ):
                         room_grew.add(n.name)
         left_some: set[str] = set()
         pods_moved: set[str] = set()
