@@ -56,6 +56,11 @@ from gpuscale.core.disruption.passmemo import PassMemo, build_row, may_take
 from gpuscale.core.model import Node, NodePool, OfferingKey, Pod
 from gpuscale.core.resources import Resources
 
+# Enum members read per candidate per round, as module constants (a global is cheaper than an Enum class attribute
+# in Python 3.11: see controller/loop.py)
+_EMPTY = DisruptionReason.EMPTY
+_DRIFTED = DisruptionReason.DRIFTED
+
 PoolOf = Callable[[str], NodePool | None]
 """The pool of a node name (through its claim)."""
 
@@ -227,7 +232,7 @@ class ConsolidationGate:
         for name, t in self.since.items():
             pool = pool_of(name)
             if pool is not None:
-                times.append(t + pool.disruption.wait_s(self.classes.get(name) is DisruptionReason.EMPTY))
+                times.append(t + pool.disruption.wait_s(self.classes.get(name) is _EMPTY))
         if self.skipped:
             times.append(self.last_pass_at + self.config.disruption_interval_s)
         return times
@@ -394,9 +399,9 @@ class ConsolidationGate:
         for name, why in classes.items():  # (wait_s, inlined: every candidate, every round)
             if name in futile:
                 continue
-            if why is not DisruptionReason.DRIFTED:
+            if why is not _DRIFTED:
                 pool = pool_of(name)
-                wait = pool.disruption.wait_s(known.get(name) is DisruptionReason.EMPTY) if pool is not None else 0.0
+                wait = pool.disruption.wait_s(known.get(name) is _EMPTY) if pool is not None else 0.0
                 if now - since[name] < wait:
                     continue
             due.append(name)
