@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from gpuscale.controller.shell import ReconcileResult, World
 from gpuscale.core.disruption.rightsize import RightsizeRule, movable_nodes, next_look, rightsize
 from gpuscale.core.disruption.rightsize_multi import SetReplacement, replace_set
-from gpuscale.core.disruption.values import DisruptionAction
+from gpuscale.core.disruption.values import ActionKind, DisruptionAction
 from gpuscale.core.reconcile import EventKind, Outcome
 
 if TYPE_CHECKING:
@@ -144,22 +144,7 @@ class Rightsizing:
         bind to its room), as the consolidation deletes a node whose pods fit elsewhere: a restarted controller
         resumes the drains."""
         for action in s.actions:
-            found = ctrl._claim_by_node_name(action.node)
-            if found is None:
-                continue
-            key, c = found
-            ctrl._start_drain(key, c, w, str(action.reason), involuntary=False)
-            result.disrupted += 1
-            ctrl._record(
-                w.now,
-                EventKind.CONSOLIDATE,
-                f"node/{action.node}",
-                str(action.reason),
-                action.message,
-                action="Delete",
-                pool=action.pool,
-                savingsPerHour=round(action.savings_per_hour, 6),
-            )
+            ctrl._drain_for_deletion(action, w, result)
         self.stats.replaced += len(s.actions)
         self.stats.sets += 1
         self.stats.saving_per_hour += s.saving_per_hour
@@ -172,13 +157,4 @@ def _begin(
     ctrl.replacements.start(action.node, rids, action)
     ctrl._cordon_replaced(action.node, w)
     result.disrupted += 1
-    ctrl._record(
-        w.now,
-        EventKind.CONSOLIDATE,
-        f"node/{action.node}",
-        str(action.reason),
-        action.message,
-        action="Replace",
-        pool=action.pool,
-        savingsPerHour=round(action.savings_per_hour, 6),
-    )
+    ctrl._record_disruption(action, w.now, ActionKind.REPLACE)

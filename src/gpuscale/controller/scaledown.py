@@ -16,6 +16,7 @@ from gpuscale.controller.consolidation import PassInputs
 from gpuscale.controller.shell import LEAVING, DisruptionInputs, ReconcileResult, ShellBase, World
 from gpuscale.core.disruption import (
     ActionKind,
+    DisruptionAction,
     DisruptionPlan,
     KeepReason,
     plan_disruption,
@@ -124,21 +125,10 @@ class ScaleDownSteps(ShellBase):
             if kept.reason is not KeepReason.WAITING:
                 self._report(f"node/{kept.node}", str(kept.reason), EventKind.DISRUPTION_BLOCKED, now, kept.message)
         for action in dp.actions:
-            found = self._claim_by_node_name(action.node)
-            if found is None:
-                continue
-            key, c = found
-            data = {
-                "action": str(action.kind),
-                "pool": action.pool,
-                "savingsPerHour": round(action.savings_per_hour, 6),
-            }
             if action.kind is ActionKind.DELETE:
-                self._start_drain(key, c, w, str(action.reason), involuntary=False)
-                result.disrupted += 1
-                self._record(
-                    now, EventKind.CONSOLIDATE, f"node/{action.node}", str(action.reason), action.message, **data
-                )
+                self._drain_for_deletion(action, w, result)
+                continue
+            if self._claim_by_node_name(action.node) is None:
                 continue
             outcomes = []
             before = {k for k, cl in self.claims.items() if cl.replaces == action.node}
@@ -165,9 +155,7 @@ class ScaleDownSteps(ShellBase):
             if all(o in (Outcome.OK, Outcome.RETRY) for o in outcomes):
                 self.replacements.start(action.node, rids, action)
                 result.disrupted += 1
-                self._record(
-                    now, EventKind.CONSOLIDATE, f"node/{action.node}", str(action.reason), action.message, **data
-                )
+                self._record_disruption(action, now, ActionKind.REPLACE)
             elif rids:  # a split replacement only partly launched: the old node stays; the new ones are spare
                 self._record(
                     now,
@@ -176,6 +164,29 @@ class ScaleDownSteps(ShellBase):
                     "ReplacementFailed",
                     f"only {len(rids)} of {len(action.replacements)} replacement nodes launched; node kept",
                 )
+
+    def _drain_for_deletion(self, action: DisruptionAction, w: World, result: ReconcileResult) -> None:
+        """Start draining the node a disruption deletes (nothing if no claim of ours has it), counted and recorded."""
+        found = self._claim_by_node_name(action.node)
+        if found is None:
+            return
+        key, c = found
+        self._start_drain(key, c, w, str(action.reason), involuntary=False)
+        result.disrupted += 1
+        self._record_disruption(action, w.now, ActionKind.DELETE)
+
+    def _record_disruption(self, action: DisruptionAction, now: float, kind: ActionKind) -> None:
+        """The Consolidate event of a disruption started: what was done to the node, its pool and the saving."""
+        self._record(
+            now,
+            EventKind.CONSOLIDATE,
+            f"node/{action.node}",
+            str(action.reason),
+            action.message,
+            action=str(kind),
+            pool=action.pool,
+            savingsPerHour=round(action.savings_per_hour, 6),
+        )
 
     def _step_inputs(self, w: World) -> tuple[set[str], set[str], dict[str, str], frozenset[str]]:
         """The round's candidate nodes, nodes being disrupted, planned pods (:meth:`_planned`) and claims of nodes in
