@@ -86,9 +86,10 @@ def keep_cpu_pods(
         actions.append(a)
     if swap and not any(a.pods for a in actions):  # (no pod of the plan is moved: any empty node may go)
         for a, moved in dropped:
+            if len(moved) != len(a.pods):  # some of its pods are not the pass's: nothing stands in for it
+                continue
             for i, (n, free) in enumerate(empty):
-                same = n.pool == a.pool and len(moved) == len(a.pods)
-                if same and _first_fit(moved, [(n, list(free))]) is not None:
+                if n.pool == a.pool and _first_fit(moved, [(n, list(free))]) is not None:
                     del empty[i]
                     actions.append(_release(n, a, catalog))
                     break
