@@ -5,6 +5,7 @@ of all rows when every node passes the class's predicates) are the rows whose no
 from __future__ import annotations
 
 from dataclasses import replace
+from types import MethodType
 
 import numpy as np
 from hypothesis import given, settings
@@ -50,3 +51,48 @@ def test_class_of_and_rows_equal_recomputed(s: Snapshot) -> None:
         rows, rows_launching = existing._rows(cls)
         assert rows.tolist() == np.flatnonzero(ok & ~launching).tolist()
         assert rows_launching.tolist() == np.flatnonzero(ok & launching).tolist()
+
+
+def _place_per_phase(self, ctx, pods, class_of):  # type: ignore[no-untyped-def]
+    """ExistingNodes.place as it was before the one-fits-per-pod shortcut: a fits per phase on the class's rows."""
+    from gpuscale.core.scoring import select
+
+    left = []
+    exhausted: set[tuple[int, int]] = set()
+    for pod in pods:
+        cls = class_of(pod)
+        placed = False
+        for phase, rows in enumerate(self._rows(cls)):
+            if (cls.index, phase) in exhausted or rows.size == 0:
+                continue
+            cand = rows[ctx.state.fits(pod.request, rows)]
+            if cand.size == 0:
+                exhausted.add((cls.index, phase))
+                continue
+            if cand.size == 1 and self._pure_scores:
+                i = int(cand[0])
+            else:
+                if not self._scorer_ready:
+                    self._prepare_scorer(ctx.state)
+                got = select(self.scorer, ctx.state, pod.request, cand)
+                assert got is not None
+                i = got
+            ctx.state.place(pod.request, i)
+            ctx.placements[pod.key] = self.nodes[i].name
+            placed = True
+            break
+        if not placed:
+            left.append(pod)
+    return left
+
+
+@settings(max_examples=60, deadline=None)
+@given(_mixed(), st.sampled_from(("fill-frag", "best-fit")))
+def test_placing_with_one_fits_per_pod_equals_a_fits_per_phase(s: Snapshot, scorer: str) -> None:
+    """ExistingNodes.place asks which rows have room once per pod (skipping the class's label/taint rows when none
+    has): the same plan as asking per phase on the class's rows."""
+    config = PlannerConfig(scorer=scorer)
+    got = Planner(s, config, 0.0).run()
+    reference = Planner(s, config, 0.0)
+    reference.existing.place = MethodType(_place_per_phase, reference.existing)  # type: ignore[method-assign]
+    assert got == reference.run()

@@ -162,10 +162,19 @@ class ExistingNodes:
         for pod in pods:
             cls = class_of(pod)
             placed = False
+            if (cls.index, 0) in exhausted and (cls.index, 1) in exhausted:
+                left.append(pod)
+                continue
+            ok = ctx.state.fits(pod.request)  # over every row, once for both phases
+            if not ok.any():  # no row has room: the label/taint rows of the class need not be made
+                exhausted.add((cls.index, 0))
+                exhausted.add((cls.index, 1))
+                left.append(pod)
+                continue
             for phase, rows in enumerate(self._rows(cls)):
                 if (cls.index, phase) in exhausted or rows.size == 0:
                     continue
-                cand = rows[ctx.state.fits(pod.request, rows)]
+                cand = rows[ok[rows]]
                 if cand.size == 0:
                     exhausted.add((cls.index, phase))  # capacity only shrinks during planning
                     continue
