@@ -363,6 +363,19 @@ class RowArena:
         self.size = i + 1
         return i
 
+    def alike(self, slots: Sequence[int]) -> bool:
+        """True if the stored rows ``slots`` are equal in every value, GPU column and GPU model."""
+        models = self._models
+        first = models[slots[0]]
+        if any(models[i] != first for i in slots):
+            return False
+        idx = np.fromiter(slots, dtype=np.intp, count=len(slots))
+        values = self._values[:, idx]
+        if not (values == values[:, :1]).all():
+            return False
+        gpus = self._gpus[idx]
+        return bool((gpus == gpus[:1]).all())
+
     def state(self, names: list[str], slots: Sequence[int]) -> ClusterState:
         """The state whose rows are the stored ``slots`` in order, named ``names``: the same as
         :meth:`ClusterState.from_rows` of those rows."""

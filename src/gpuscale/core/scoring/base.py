@@ -63,7 +63,10 @@ class Scorer(Protocol):
     ``score`` returns one float per entry of ``candidates`` (row indices where the request fits). Ties are broken by
     the caller toward the lowest row index, which keeps every run deterministic. ``prepare`` reads only the state's
     rows, capacities and GPU models (not its free capacity). A scorer whose ``score`` advances a random stream has a
-    true ``draws`` attribute; for any other, a caller may skip asking about a single candidate.
+    true ``draws`` attribute; for any other, a caller may skip asking about a single candidate. The score of a
+    candidate depends on its row's values (capacities, free capacity, GPU columns, GPU model) and the rest of the
+    state, never on its index: rows equal in every column score alike, and a caller may take the first of them
+    without asking (the planner does, tests/test_scorer_alike_rows.py).
     """
 
     name: str
