@@ -13,8 +13,11 @@ from hypothesis import strategies as st
 
 from gpuscale.core.model import Snapshot
 from gpuscale.core.plan import PlannerConfig
+from gpuscale.core.planner.context import Context
 from gpuscale.core.planner.driver import Planner
+from gpuscale.core.planner.options import Option
 from gpuscale.core.predicates import static_failure
+from gpuscale.core.resources import Resources
 from test_planner_properties import snapshots
 
 
@@ -96,3 +99,27 @@ def test_placing_with_one_fits_per_pod_equals_a_fits_per_phase(s: Snapshot, scor
     reference = Planner(s, config, 0.0)
     reference.existing.place = MethodType(_place_per_phase, reference.existing)  # type: ignore[method-assign]
     assert got == reference.run()
+
+
+def _add_nodes_to_every_pool(self: Context, opt: Option, count: int) -> None:
+    """Context.add_nodes as it was: every pool's totals, unbounded pools too."""
+    pool = opt.pool.name
+    self.pool_nodes[pool] = self.pool_nodes.get(pool, 0) + count
+    cap = Resources(opt.itype.vcpus * 1000, opt.itype.memory_mib, opt.itype.gpu_count, 0).scaled(count)
+    self.pool_usage[pool] = self.pool_usage.get(pool, Resources(pods=0)) + cap
+
+
+@settings(max_examples=60, deadline=None)
+@given(_mixed(), st.booleans())
+def test_keeping_no_totals_for_unbounded_pools_changes_no_plan(s: Snapshot, exact: bool) -> None:
+    """Context.add_nodes keeps the totals of pools with maxNodes or limits only: the same plan as keeping every
+    pool's (the greedy packer, the integer program and explain read only those)."""
+    config = PlannerConfig(exact_solver=exact)
+    got = Planner(s, config, 0.0).run()
+    kept = Context.add_nodes
+    Context.add_nodes = _add_nodes_to_every_pool  # type: ignore[method-assign]
+    try:
+        reference = Planner(s, config, 0.0).run()
+    finally:
+        Context.add_nodes = kept  # type: ignore[method-assign]
+    assert got == reference

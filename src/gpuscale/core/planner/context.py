@@ -70,6 +70,11 @@ class Context:
         return max(0, n)
 
     def add_nodes(self, opt: Option, count: int) -> None:
+        """Count ``count`` new nodes of ``opt`` in its pool's totals. A pool without maxNodes or limits keeps none:
+        no reader asks for them (:meth:`headroom`, the integer program and ``explain`` read the totals of the pools
+        with maxNodes or limits only, and the initial context holds only those)."""
+        if unbounded(opt.pool):
+            return
         pool = opt.pool.name
         self.pool_nodes[pool] = self.pool_nodes.get(pool, 0) + count
         cap = Resources(opt.itype.vcpus * 1000, opt.itype.memory_mib, opt.itype.gpu_count, 0).scaled(count)
