@@ -130,8 +130,8 @@ class PassInputs:
     def big(self) -> tuple[frozenset[object], frozenset[object]]:
         if self._big is None:
             self._big = (
-                frozenset((n.name, n.unschedulable, n.allocatable, n.launching) for n in self.nodes),
-                frozenset((p.key, p.node_name) for p in self.pods if p.node_name is not None),
+                frozenset([(n.name, n.unschedulable, n.allocatable, n.launching) for n in self.nodes]),
+                frozenset([(p.key, p.node_name) for p in self.pods if p.node_name is not None]),
             )
         return self._big
 
@@ -229,10 +229,15 @@ class ConsolidationGate:
         time or its pool's next budget window edge, whichever comes first): every time the gate's answer could
         change without the cluster changing."""
         times: list[float] = list(self.timed.values())
+        known = self.classes
         for name, t in self.since.items():
             pool = pool_of(name)
-            if pool is not None:
-                times.append(t + pool.disruption.wait_s(self.classes.get(name) is _EMPTY))
+            if pool is not None:  # (Disruption.wait_s, inlined: every candidate, every round)
+                d = pool.disruption
+                empty_s = d.consolidate_empty_after_s
+                times.append(
+                    t + (empty_s if empty_s is not None and known.get(name) is _EMPTY else d.consolidate_after_s)
+                )
         if self.skipped:
             times.append(self.last_pass_at + self.config.disruption_interval_s)
         return times
@@ -300,16 +305,20 @@ class ConsolidationGate:
             self._node_names = frozenset(nodes)
             prev_alloc = prev_room.get
             before = {p.name: p for p in prev_seen}
+            before_get = before.get
             room = fresh = {}
             for n in seen:
                 if not n.unschedulable:
-                    a = fresh[n.name] = n.allocatable
-                    if (
-                        (b := prev_alloc(n.name)) is None
+                    name = n.name
+                    a = fresh[name] = n.allocatable
+                    # (last round's very node object, schedulable then too: in the last room with this allocatable)
+                    if (was := before_get(name)) is not n and (
+                        was is None  # (a new name: not in the last room either)
+                        or (b := prev_alloc(name)) is None
                         or (b is not a and b != a)
-                        or _placement_changed(n, before[n.name])
+                        or _placement_changed(n, was)
                     ):
-                        room_grew.add(n.name)
+                        room_grew.add(name)
         left_some: set[str] = set()
         pods_moved: set[str] = set()
         if by_node is not prev_by_node:  # (lists of the same pods compare equal at once)
@@ -396,13 +405,18 @@ class ConsolidationGate:
             self.since = {n: self.since.get(n, now) for n in classes}
         due: list[str] = []
         futile, since, known = self.futile, self.since, self.classes
-        for name, why in classes.items():  # (wait_s, inlined: every candidate, every round)
+        for name, why in classes.items():  # (wait_s and Disruption.wait_s, inlined: every candidate, every round)
             if name in futile:
                 continue
             if why is not _DRIFTED:
                 pool = pool_of(name)
-                wait = pool.disruption.wait_s(known.get(name) is _EMPTY) if pool is not None else 0.0
-                if now - since[name] < wait:
+                if pool is not None:
+                    d = pool.disruption
+                    empty_s = d.consolidate_empty_after_s
+                    wait = empty_s if empty_s is not None and known.get(name) is _EMPTY else d.consolidate_after_s
+                    if now - since[name] < wait:
+                        continue
+                elif now - since[name] < 0.0:
                     continue
             due.append(name)
         return due
@@ -446,7 +460,7 @@ class ConsolidationGate:
         (their retry time is a safety net taken at the next round, not a wake-up)."""
         until = now + self.config.consolidation_retry_s
         pool = pool_of(node_name) if pool_of is not None else None
-        if pool is not None:
+        if pool is not None and pool.disruption.budgets:  # (no budget: no edge, budget_edge's inf)
             until = min(until, budget_edge(pool, now))
         self.futile[node_name] = (pod_keys, until)
         if node_name in self._rests_matched:  # (a new rest: its pods are compared at the next round)

@@ -43,11 +43,14 @@ _FLYING = (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED)
 """Claim phases whose node may be in flight (a pass counts it as a launching node)."""
 _NONE: frozenset[OfferingKey] = frozenset()
 """The unavailable offerings of a round when there are none (one shared object)."""
+_DELETING = ClaimPhase.DELETING
 _INITIALIZED = (ClaimPhase.INITIALIZED,)
 """The claim phase of candidate nodes."""
 _PLANNING = (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED)
 """Claim phases whose pods are planned onto the claim's node once it is listed."""
 _NODE_NAME = attrgetter("node_name")
+_WAITING, _BUDGET = KeepReason.WAITING, KeepReason.BUDGET
+"""Keep reasons read per kept node of every pass (module constants: Enum class attributes are slow reads)."""
 
 
 class ScaleDownSteps(ShellBase):
@@ -119,11 +122,12 @@ class ScaleDownSteps(ShellBase):
         if dp.actions:
             gate.started({a.node for a in dp.actions})
         for kept in dp.kept:
-            if kept.reason is not KeepReason.WAITING and kept.node not in protected:
+            if (why := kept.reason) is _WAITING:
+                continue
+            if kept.node not in protected:
                 keys = frozenset([p.key for p in by_node.get(kept.node, ())])
-                gate.rest(kept.node, keys, now, self._pool_of_node, timed=kept.reason is KeepReason.BUDGET)
-            if kept.reason is not KeepReason.WAITING:
-                self._report(f"node/{kept.node}", str(kept.reason), EventKind.DISRUPTION_BLOCKED, now, kept.message)
+                gate.rest(kept.node, keys, now, self._pool_of_node, timed=why is _BUDGET)
+            self._report(f"node/{kept.node}", str(why), EventKind.DISRUPTION_BLOCKED, now, kept.message)
         for action in dp.actions:
             if action.kind is ActionKind.DELETE:
                 self._drain_for_deletion(action, w, result)
@@ -230,6 +234,9 @@ class ScaleDownSteps(ShellBase):
         )
         if gate.candidate_nodes[0] == key_of_candidates:
             candidates = gate.candidate_nodes[1]
+        elif not replacing and not held:  # every Initialized claim's node: the same names added in the same order
+            candidates = {name for _, c in self.claims.in_phases(_INITIALIZED) if (name := c.node_name)}
+            gate.candidate_nodes = (key_of_candidates, candidates)
         else:
             candidates = set()
             for key, c in self.claims.in_phases(_INITIALIZED):  # (in table order: the same set, built in that order)
@@ -238,9 +245,10 @@ class ScaleDownSteps(ShellBase):
                 if name and name not in replacing and c.replaces not in replacing and key not in held:
                     candidates.add(name)
             gate.candidate_nodes = (key_of_candidates, candidates)
-        disrupting.update(c.node_name for _, c in self.claims.in_phases(LEAVING) if c.node_name)
+        disrupting.update([name for _, c in self.claims.in_phases(LEAVING) if (name := c.node_name)])
         planned = self._planned(w)
-        flying = frozenset(k for k, c in self.claims.in_phases(_FLYING) if c.node_name not in w.nodes)
+        nodes = w.nodes
+        flying = frozenset([k for k, c in self.claims.in_phases(_FLYING) if c.node_name not in nodes])
         return candidates, disrupting, planned, flying
 
     def _planned(self, w: World) -> dict[str, str]:
@@ -364,7 +372,7 @@ class ScaleDownSteps(ShellBase):
             return
         now = w.now
         due = self.deletions.retry_at
-        if all(c.phase is ClaimPhase.DELETING and due.get(k, -math.inf) > now for k, c in leaving):
+        if all(c.phase is _DELETING and due.get(k, -math.inf) > now for k, c in leaving):
             return  # only deletions whose repeat is not due: drain_step decides nothing for them
         graces = {name: p.disruption.termination_grace_period_s for name, p in self.pools.items()}
         d = drain_step(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from operator import attrgetter
 
 from gpuscale.core import labels as L
 from gpuscale.core.disruption.values import Candidate, DisruptionReason, FreeRoom
@@ -16,6 +17,19 @@ from gpuscale.core.model import (
 )
 from gpuscale.core.resources import MILLI_PER_GPU
 
+# Enum members and their strings read per node judged, as module constants (an Enum class attribute is a slow read
+# in Python 3.11)
+_SPOT = CapacityType.SPOT
+_ON_DEMAND_STR = str(CapacityType.ON_DEMAND)
+_DRIFTED = DisruptionReason.DRIFTED
+_EMPTY = DisruptionReason.EMPTY
+_UNDERUTILIZED = DisruptionReason.UNDERUTILIZED
+_EMPTY_OR_UNDERUTILIZED = ConsolidationPolicy.WHEN_EMPTY_OR_UNDERUTILIZED
+_LIVE_PHASES = ("Pending", "Running", "")
+"""The phases :func:`is_live` accepts."""
+_SORT_KEY = attrgetter("sort_key")
+"""A candidate's :attr:`~gpuscale.core.disruption.values.Candidate.sort_key` (no lambda frame per candidate)."""
+
 SPOT_FALLBACK_LABEL = "gpuscale.io/spot-fallback"
 """Set to ``"true"`` on an on-demand node launched because spot capacity was unavailable (it drifts back to spot)."""
 
@@ -24,16 +38,21 @@ def is_spot_fallback(node: Node, pool: NodePool) -> bool:
     """True for an on-demand node launched as a spot fallback in a pool that wants spot."""
     return (
         node.labels.get(SPOT_FALLBACK_LABEL) == "true"
-        and node.labels.get(L.CAPACITY_TYPE) == str(CapacityType.ON_DEMAND)
-        and CapacityType.SPOT in pool.capacity_types
+        and node.labels.get(L.CAPACITY_TYPE) == _ON_DEMAND_STR
+        and _SPOT in pool.capacity_types
     )
 
 
 def conforms(node: Node, pool: NodePool) -> str | None:
     """None if the node still matches its pool's spec, else a sentence naming what drifted."""
-    if is_spot_fallback(node, pool):
+    labels = node.labels
+    if (  # (is_spot_fallback, inlined: every node judged)
+        labels.get(SPOT_FALLBACK_LABEL) == "true"
+        and labels.get(L.CAPACITY_TYPE) == _ON_DEMAND_STR
+        and _SPOT in pool.capacity_types
+    ):
         return f"on-demand node launched as a spot fallback; pool {pool.name} prefers spot"
-    it = node.labels.get(L.INSTANCE_TYPE)
+    it = labels.get(L.INSTANCE_TYPE)
     if pool.instance_types and it is not None and it not in pool.instance_types:
         return f"instance type {it} is no longer allowed by pool {pool.name}"
     zone = node.labels.get(L.ZONE)
@@ -107,13 +126,17 @@ def _judge(
     """:func:`classify`; ``explain`` False leaves the message of a node not drifted empty (the same reasons)."""
     drift = conforms(node, pool)
     if drift is not None:
-        return DisruptionReason.DRIFTED, drift
+        return _DRIFTED, drift
     if not pods:
-        return DisruptionReason.EMPTY, "no workload pods"
-    if node.allocatable.gpus > 0 and not any(p.request.wants_gpu for p in pods):
-        return DisruptionReason.EMPTY, f"GPU node runs only CPU-only pods ({len(pods)})" if explain else ""
+        return _EMPTY, "no workload pods"
+    if node.allocatable.gpus > 0:
+        for p in pods:  # (a loop, not any() over a generator: every node judged)
+            if p.request.wants_gpu:
+                break
+        else:
+            return _EMPTY, f"GPU node runs only CPU-only pods ({len(pods)})" if explain else ""
     d = pool.disruption
-    if d.consolidation_policy is not ConsolidationPolicy.WHEN_EMPTY_OR_UNDERUTILIZED:
+    if d.consolidation_policy is not _EMPTY_OR_UNDERUTILIZED:
         return None
     share = request_share(node, pods)
     if share >= d.utilization_threshold:
@@ -125,7 +148,7 @@ def _judge(
             return None
         if explain:
             msg += f", measured GPU utilisation {measured:.0%}"
-    return DisruptionReason.UNDERUTILIZED, msg
+    return _UNDERUTILIZED, msg
 
 
 def classify_node(
@@ -135,8 +158,9 @@ def classify_node(
 
     The cheap first step of :func:`plan_disruption`, which callers use to start ``consolidateAfter`` clocks without
     simulating anything."""
-    # no message is formatted (only the reason is read)
-    cls = _judge(node, pool, workload_pods(p for p in pods if is_live(p)), utilization or {}, False)
+    # no message is formatted (only the reason is read); the live workload pods (is_live and workload_pods) in one pass
+    live = [p for p in pods if p.phase in _LIVE_PHASES and not p.is_daemonset]
+    cls = _judge(node, pool, live, utilization or {}, False)
     return cls[0] if cls is not None else None
 
 
@@ -170,7 +194,7 @@ def find_candidates(
         pool = pool_by_name.get(n.pool or "")
         if pool is None:
             continue
-        wl = workload_pods(by_node.get(n.name, ()))
+        wl = [p for p in by_node.get(n.name, ()) if not p.is_daemonset]  # (workload_pods, inlined)
         if get is None or pool.disruption.use_measured_gpu_utilization:
             cand = _candidate(n, pool, wl, catalog, utilization)
         else:
@@ -183,7 +207,7 @@ def find_candidates(
         if cand is not None:
             out.append(cand)
     if len(out) > 1:
-        out.sort(key=lambda c: c.sort_key)
+        out.sort(key=_SORT_KEY)
     for c in out:  # (in the candidates' order: the same map whatever order ``nodes`` came in)
         name = c.node.name
         if name not in new_since:

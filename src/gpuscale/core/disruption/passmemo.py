@@ -49,10 +49,13 @@ from gpuscale.core.disruption.values import (
     Kept,
     Replacement,
 )
+from gpuscale.core.labels import GPU_PRODUCT
 from gpuscale.core.model import DisruptionBudget, Node, NodePool, Pod
 from gpuscale.core.predicates import static_fit
 from gpuscale.core.resources import MILLI_PER_GPU
 from gpuscale.core.state import fresh_gpu_row
+
+_MIN_NODES = KeepReason.MIN_NODES  # (read per reused candidate: a module constant, not an Enum class attribute)
 
 
 @dataclass(slots=True, eq=False)
@@ -84,7 +87,7 @@ class Row:
 def build_row(node: Node, pods: Sequence[Pod]) -> Row:
     """The row of ``node`` with its live bound ``pods`` (in order)."""
     a = node.allocatable
-    cpu, mem, gpu = a.cpu_milli, a.memory_mib, a.gpus * MILLI_PER_GPU
+    cap_cpu, cap_mem, cap_gpu = cpu, mem, gpu = a.cpu_milli, a.memory_mib, a.gpus * MILLI_PER_GPU
     whole = 0
     fractions: list[int] = []
     for p in pods:
@@ -97,18 +100,19 @@ def build_row(node: Node, pods: Sequence[Pod]) -> Row:
             fractions.append(r.gpu_milli)
     g_row, full, top = fresh_gpu_row(a.gpus, whole, tuple(fractions))
     slots = a.pods - len(pods)
-    pos = (max(0, cpu), max(0, mem), max(0, gpu), max(0, slots))
+    # (max(0, x) and max(x, 1) as conditional expressions: the same ints, without a builtin call each)
+    pos = (cpu if cpu > 0 else 0, mem if mem > 0 else 0, gpu if gpu > 0 else 0, slots if slots > 0 else 0)
     recv = (
         node,
         pos[0],
         pos[1],
         full,
         top,
-        node.gpu_model,
+        node.labels.get(GPU_PRODUCT),  # (Node.gpu_model)
         g_row,
-        max(a.cpu_milli, 1),
-        max(a.memory_mib, 1),
-        max(a.gpus * MILLI_PER_GPU, 1),
+        cap_cpu if cap_cpu > 1 else 1,
+        cap_mem if cap_mem > 1 else 1,
+        cap_gpu if cap_gpu > 1 else 1,
     )
     return Row(node, pods, cpu, mem, gpu, slots, g_row, full, top, pos, recv)
 
@@ -209,6 +213,11 @@ class Judged:
     """The budget verdict (None: the pass did not judge it that far)."""
 
 
+Destinations = tuple[list[Node], set[str], list[Node], dict[str, int], dict[str, int], dict[str, int], list[bool]]
+"""(nodes, nodes being disrupted, destinations, nodes per pool not being disrupted, not launching, being disrupted,
+whether each node is a destination): :attr:`PassMemo.destinations`."""
+
+
 class PassMemo:
     """Carried by a caller from one :func:`~gpuscale.core.disruption.plan_disruption` call to the next (see the
     module docstring): the last pass's rows and total free room, its candidates by node, and the candidates it kept
@@ -253,11 +262,9 @@ class PassMemo:
         """Nodes per pool not being disrupted (minNodes)."""
         self.budgets: dict[str, tuple[int, int]] = {}
         """Pool -> (its nodes, those being disrupted): a budget verdict's inputs besides the time."""
-        self.destinations: (
-            tuple[list[Node], set[str], list[Node], dict[str, int], dict[str, int], dict[str, int]] | None
-        ) = None
-        """The last pass's nodes and nodes being disrupted, with its destinations and node counts per pool
-        (:func:`~gpuscale.core.disruption.plan.destinations`' cache)."""
+        self.destinations: Destinations | None = None
+        """The last pass's nodes and nodes being disrupted, with its destinations, node counts per pool and whether
+        each node is a destination (:func:`~gpuscale.core.disruption.plan.destinations`' cache)."""
         self.verdicts: dict[tuple[int, DisruptionReason, int, int], tuple[NodePool, BudgetVerdict]] = {}
         """(pool id, reason, its nodes, those being disrupted) -> (the pool, its budget verdict), for pools without
         scheduled budgets (:meth:`verdict`)."""
@@ -315,7 +322,9 @@ class PassMemo:
                 or j.protected != (name in protected)
             ):
                 continue
-            if name in changed or (moved and any(may_take(r, p, workloads) for r in moved for p in c.pods)):
+            if name in changed:
+                continue
+            if moved and _any_may_take(moved, c.pods, workloads):
                 continue
             if reorder and _takers(order, changed, rows, c, workloads) != _takers(
                 self.order, changed, rows, c, workloads
@@ -328,7 +337,7 @@ class PassMemo:
                 same = budgets.get(pool.name) == self.budgets.get(pool.name) and not _scheduled(pool)
                 if not same and _blocks(verdict(c)) != _blocks(j.verdict):
                     continue
-            if j.kept.reason is KeepReason.MIN_NODES and counts.get(c.pool.name) != self.counts.get(c.pool.name):
+            if j.kept.reason is _MIN_NODES and counts.get(c.pool.name) != self.counts.get(c.pool.name):
                 continue
             out[name] = j
         return out
@@ -367,8 +376,20 @@ class PassMemo:
         self.counts, self.budgets = counts, budgets
 
 
+def _any_may_take(rows: Sequence[Row], pods: Sequence[Pod], workloads: Mapping[str, Mapping[str, str]] | None) -> bool:
+    """Whether one of ``rows`` may take one of ``pods`` (:func:`may_take`; a loop, not any() over a generator)."""
+    for r in rows:
+        for p in pods:
+            if may_take(r, p, workloads):
+                return True
+    return False
+
+
 def _scheduled(pool: NodePool) -> bool:
-    return any(b.schedule is not None for b in pool.disruption.budgets)
+    for b in pool.disruption.budgets:  # noqa: SIM110 (a loop, not any() over a generator: asked per candidate per pass)
+        if b.schedule is not None:
+            return True
+    return False
 
 
 def _blocks(v: BudgetVerdict) -> DisruptionBudget | None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from operator import is_
+from itertools import compress
+from operator import attrgetter, is_, is_not
 
 from gpuscale.core.disruption.budgets import allowed_disruptions, pdb_allowances
 from gpuscale.core.disruption.candidates import (
@@ -12,7 +13,7 @@ from gpuscale.core.disruption.candidates import (
     is_live,
     sort_pods,
 )
-from gpuscale.core.disruption.passmemo import Judged, PassMemo, fits_total, rows_of
+from gpuscale.core.disruption.passmemo import Destinations, Judged, PassMemo, fits_total, rows_of
 from gpuscale.core.disruption.replacement import Market, find_replacement, split_replacement
 from gpuscale.core.disruption.values import (
     ActionKind,
@@ -39,6 +40,7 @@ from gpuscale.core.state import best_gpu, fresh_gpu_row
 from gpuscale.core.templates import pool_totals
 
 _NONE: frozenset[tuple[OfferingKey, float]] = frozenset()  # (the memo key of "no offering unavailable")
+_NAME = attrgetter("name")
 
 
 class _Rows:
@@ -187,17 +189,24 @@ def destinations(
     """The destinations (not launching, cordoned or being disrupted), and node counts per pool for budgets and
     minNodes: those not being disrupted (counts), every node that is not launching (totals) and those being
     disrupted. ``memo``: the last answer is reused while the nodes are the same objects in the same order and the
-    nodes being disrupted are the same (the counts are copies: a pass changes them)."""
+    nodes being disrupted are the same, and patched where only a few positions differ (:func:`_patched`); the
+    counts are copies (a pass changes them)."""
     if memo is not None:
         last = memo.destinations
-        if last is not None and last[1] == disrupting and len(last[0]) == len(nodes) and all(map(is_, last[0], nodes)):
-            return last[2], dict(last[3]), last[4], dict(last[5])
-    dest: list[Node] = []
+        if last is not None and len(last[0]) == len(nodes):
+            if last[1] == disrupting and all(map(is_, last[0], nodes)):
+                return last[2], dict(last[3]), last[4], dict(last[5])
+            made = _patched(last, nodes, disrupting)
+            if made is not None:
+                memo.destinations = made
+                return made[2], dict(made[3]), made[4], dict(made[5])
     counts: dict[str, int] = {}
     totals_all: dict[str, int] = {}
     disrupting_by_pool: dict[str, int] = {}
+    flags: list[bool] = []  # per node: a destination
     for n in nodes:
         if n.launching:
+            flags.append(False)
             continue
         leaving = n.name in disrupting
         on = n.pool
@@ -207,11 +216,52 @@ def destinations(
                 disrupting_by_pool[on] = disrupting_by_pool.get(on, 0) + 1
             else:
                 counts[on] = counts.get(on, 0) + 1
-        if not leaving and not n.unschedulable:
-            dest.append(n)
+        flags.append(not leaving and not n.unschedulable)
+    dest = list(compress(nodes, flags))
     if memo is not None:
-        memo.destinations = (list(nodes), set(disrupting), dest, dict(counts), totals_all, dict(disrupting_by_pool))
+        memo.destinations = (
+            list(nodes),
+            set(disrupting),
+            dest,
+            dict(counts),
+            totals_all,
+            dict(disrupting_by_pool),
+            flags,
+        )
     return dest, counts, totals_all, disrupting_by_pool
+
+
+def _patched(last: Destinations, nodes: Sequence[Node], disrupting: set[str]) -> Destinations | None:
+    """:func:`destinations`' memo for ``nodes`` (as many as ``last``'s) and ``disrupting``, made from ``last`` by
+    taking back the part of each position whose node object or being-disrupted status changed and adding its new
+    part (None if more than a quarter of the positions changed: counted afresh). Each node's part depends on that
+    node and whether its name is being disrupted alone, so the counts and the destination flags equal a fresh count
+    (a count that drops to zero is removed, as a fresh count never makes it; key order may differ: only looked up)."""
+    last_nodes, last_disrupting = last[0], last[1]
+    redo = set(compress(range(len(nodes)), map(is_not, last_nodes, nodes)))
+    if last_disrupting != disrupting:  # the positions of the names that started or stopped being disrupted
+        flipped = last_disrupting ^ disrupting
+        redo.update(compress(range(len(nodes)), map(flipped.__contains__, map(_NAME, nodes))))
+    if len(redo) * 4 > len(nodes):
+        return None
+    counts, totals_all, by_pool, flags = dict(last[3]), dict(last[4]), dict(last[5]), list(last[6])
+    for i in redo:
+        for n, leaving, step in (
+            (last_nodes[i], last_nodes[i].name in last_disrupting, -1),
+            (nodes[i], nodes[i].name in disrupting, 1),
+        ):
+            if n.launching:
+                flags[i] = False
+                continue
+            on = n.pool
+            if on is not None:
+                for d in (totals_all, by_pool if leaving else counts):
+                    if v := d.get(on, 0) + step:
+                        d[on] = v
+                    else:
+                        del d[on]
+            flags[i] = not leaving and not n.unschedulable
+    return (list(nodes), set(disrupting), list(compress(nodes, flags)), counts, totals_all, by_pool, flags)
 
 
 def plan_disruption(
@@ -335,7 +385,7 @@ def plan_disruption(
         if not lazy:
             recv = may_receive()
             rows = [r[0] for r in recv]
-            row.update((n.name, i) for i, n in enumerate(rows))
+            row.update({n.name: i for i, n in enumerate(rows)})
             # the room of the pods already bound, never below 0 (a receiver has CPU, memory and a pod slot left)
             state = _Rows(
                 [r[1] for r in recv],
