@@ -91,7 +91,7 @@ class ExistingNodes:
                     bound[i].append(p)
             elif p.gang and p.node_name is None and p.phase == "Pending":
                 gangs = True
-        width = max([*(n.allocatable.gpus for n in nodes), 1])
+        width = max(max([n.allocatable.gpus for n in nodes], default=1), 1)
         slots: list[int] = []
         with _ROWS_LOCK:  # planners in other threads share the table: a slot is taken by one row only
             arena, rows = _rows_table(width)
@@ -128,13 +128,14 @@ class ExistingNodes:
                 passing.append(rows)
         if len(passing) == len(groups):  # the class may use every node (the common case): one split per plan
             if self._all_rows is None:
-                self._all_rows = (np.flatnonzero(~self.launching), np.flatnonzero(self.launching))
+                # nonzero()[0]: np.flatnonzero of a one-dimensional array without its Python-level ravel
+                self._all_rows = ((~self.launching).nonzero()[0], self.launching.nonzero()[0])
             result = self._all_rows
         else:
             ok = np.zeros(len(nodes), dtype=bool)
             for rows in passing:
                 ok[rows] = True
-            result = (np.flatnonzero(ok & ~self.launching), np.flatnonzero(ok & self.launching))
+            result = ((ok & ~self.launching).nonzero()[0], (ok & self.launching).nonzero()[0])
         self._rows_cache[cls.index] = result
         return result
 
@@ -186,7 +187,7 @@ class ExistingNodes:
                 left.append(pod)
                 continue
             ok = ctx.state.fits(pod.request)  # over every row, once for both phases
-            if not ok.any():  # no row has room: the label/taint rows of the class need not be made
+            if not np.count_nonzero(ok):  # no row has room: the label/taint rows of the class need not be made
                 exhausted.add((cls.index, 0))
                 exhausted.add((cls.index, 1))
                 left.append(pod)

@@ -10,8 +10,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
-
 from gpuscale.core.memo import Memo
 from gpuscale.core.resources import Request
 from gpuscale.core.state import ClusterState, FloatArray, IntArray
@@ -88,4 +86,4 @@ def select(scorer: Scorer, state: ClusterState, req: Request, candidates: IntArr
         if not getattr(scorer, "draws", False):
             return int(candidates[0])
     scores = scorer.score(state, req, candidates)
-    return int(candidates[int(np.argmax(scores))])
+    return int(candidates[int(scores.argmax())])  # the method: np.argmax's Python-level dispatch skipped

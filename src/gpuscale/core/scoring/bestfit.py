@@ -33,6 +33,6 @@ class BestFit:
         """Minus the normalised leftover per candidate."""
         cpu_max, _, gpu_max = self._spec or max_specs(state)
         cpu = (state.cpu_free[candidates] - req.cpu_milli) / cpu_max
-        gpu = (gpu_left(state, candidates).sum(axis=1) - req.gpu_demand_milli) / gpu_max
+        gpu = (np.add.reduce(gpu_left(state, candidates), axis=1) - req.gpu_demand_milli) / gpu_max  # == .sum(axis=1)
         out: FloatArray = -(self.cpu_weight * cpu + self.gpu_weight * gpu).astype(np.float64)
         return out
