@@ -36,12 +36,11 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from gpuscale.sim.cloud import SimCloud
 from gpuscale.sim.cluster import SimCluster
@@ -122,7 +121,22 @@ class TimeSeries:
 
 
 def _pct(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else 0.0
+    """``np.percentile(values, q)`` (its default, linear method), computed as numpy does it, in Python floats: the
+    sorted values at floor and ceiling of the virtual index ``(n - 1) * q / 100``, mixed by its fraction ``t`` as
+    ``a + (b - a) * t``, or ``b - (b - a) * (1 - t)`` from ``t = 0.5`` on. The same value, bit for bit
+    (tests/test_sim_report.py), without the first call's import of ``numpy.ma`` (~9 ms in every simulation)."""
+    n = len(values)
+    if not n:
+        return 0.0
+    ordered = sorted(float(v) for v in values)
+    virtual = (n - 1) * (q / 100)
+    if virtual >= n - 1:
+        return ordered[-1]
+    low = math.floor(virtual) if virtual > 0 else 0
+    a, b = ordered[low], ordered[low + 1]
+    t = virtual - low
+    diff = b - a
+    return b - diff * (1 - t) if t >= 0.5 else a + diff * t
 
 
 def build_report(
