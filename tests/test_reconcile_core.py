@@ -194,6 +194,20 @@ def test_a_node_found_by_its_request_id_label_names_the_claim() -> None:
     assert after.node_name == "ip-10-0-0-1" and after.phase is ClaimPhase.INITIALIZED
 
 
+def test_the_fleet_keeps_each_offering_answer_as_the_catalog_scan_gives_it() -> None:
+    a100 = itype("a100-1", 16, 64, 1, "A100", price=3.0, zones=("z1", "z2"), spot=1.1)
+    fleet = Fleet({"gpu": pool("gpu")}, catalog(T4, a100).by_name())
+    asks = [(t, z, ct) for t in ("t4-1", "a100-1", "none") for z in ("z1", "z2", "z3") for ct in (OD, SPOT)]
+    for _ in range(2):  # the second round is answered from the kept answers
+        for t, z, ct in asks:
+            it = {"t4-1": T4, "a100-1": a100}.get(t)
+            want = next((o for o in it.offerings if o.zone == z and o.capacity_type is ct), None) if it else None
+            assert fleet.offering(t, z, ct) is want
+            assert fleet.price(t, z, ct) == (want.hourly_price if want else 0.0)
+    assert fleet.offering("a100-1", "z2", SPOT) is a100.offerings[3] and fleet.offering("t4-1", "z2", OD) is None
+    assert fleet == Fleet({"gpu": pool("gpu")}, catalog(T4, a100).by_name())  # the kept answers are no field
+
+
 # ------------------------------------------------------------------------------------------------ deadlines
 DEADLINE_TABLE = [
     (ClaimPhase.REQUESTED, 301.0, ClaimEvent.LAUNCH_TIMEOUT, 0),

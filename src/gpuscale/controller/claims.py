@@ -42,6 +42,14 @@ class ClaimTable(dict[str, NodeClaim]):
         self.listener: Callable[[str, NodeClaim | None], None] | None = None
         """Told of each change: (key, new claim), or (key, None) when the claim is removed (the change feed)."""
         self._name_watchers: list[set[str]] = []
+        self._key_watchers: list[set[str]] = []
+
+    def watch_keys(self) -> set[str]:
+        """A set to which the table adds, from now on, the key of every claim changed (added, replaced by a different
+        object, or removed). Its owner empties it when it has seen them."""
+        keys: set[str] = set()
+        self._key_watchers.append(keys)
+        return keys
 
     def watch_names(self) -> set[str]:
         """A set to which the table adds, from now on, the node names of every claim changed (added, replaced by a
@@ -78,6 +86,8 @@ class ClaimTable(dict[str, NodeClaim]):
                 if claim.node_name:
                     self._named.setdefault(claim.node_name, {})[key] = None
         dict.__setitem__(self, key, claim)
+        for keys in self._key_watchers:
+            keys.add(key)
         for names in self._name_watchers:
             if old is not None and old.node_name:
                 names.add(old.node_name)
@@ -103,6 +113,8 @@ class ClaimTable(dict[str, NodeClaim]):
         del self._phase_keys[old.phase][key]
         del self._order[key]
         self._unname(key, old.node_name)
+        for keys in self._key_watchers:
+            keys.add(key)
         if old.node_name:
             for names in self._name_watchers:
                 names.add(old.node_name)
@@ -126,6 +138,8 @@ class ClaimTable(dict[str, NodeClaim]):
                 self.listener(key, None)
         for names in self._name_watchers:
             names.update(self._named)
+        for changed in self._key_watchers:
+            changed.update(self)
         dict.clear(self)
         self.version += 1
         self.keys_version += 1

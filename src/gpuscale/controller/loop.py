@@ -81,7 +81,7 @@ def _default_planner() -> PlanFn:
     return plan
 
 
-_LIVE_PHASES = ("Pending", "Running", "")
+_LIVE_PHASES = frozenset({"Pending", "Running", ""})
 # Enum members as module constants: a class attribute of an Enum costs ~4 times a global lookup in Python 3.11
 # (EnumType defines __getattr__, so every member lookup goes through a slow path); read in per-round loops.
 _GONE = CloudNodeState.GONE
@@ -262,7 +262,7 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
         times += self.launcher.wake_times()
         times += self.deletions.wake_times()
         times += self.replacements.wake_times()
-        times += self.gate.wake_times(self._pool_of_node)
+        times += self.gate.wake_times(self._node_pools())  # (reads the claims, changes none)
         if self.gpr.enabled:  # (no GPR news otherwise)
             times += self._gpr_wake_times()
         return times
@@ -271,7 +271,7 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
     def _observe(self, now: float) -> World | None:
         try:
             obs = self.observed
-            pods, last = obs.live_pods(self.backend.list_pods(), _LIVE_PHASES)
+            pods, by_node, unbound = obs.live_pods(self.backend.list_pods(), _LIVE_PHASES)
             listed = self.backend.list_nodes()
             if obs.same_nodes(listed):
                 nodes = dict(obs.nodes)  # a copy: the controller deletes from it during the round
@@ -291,11 +291,8 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
                 self.gpr.feed.failed(exc)
             self._record(now, EventKind.OBSERVE_FAILED, "provider/" + self.provider.name, type(exc).__name__, str(exc))
             return None
-        world = World(now, pods, nodes, cloud, events, pdbs, utilization)
-        if last is not None:  # the same pods as last round: the same grouping by node (pods are never changed)
-            world.share_grouping(last)
-        obs.pods_world = world
-        return world
+        # (the grouping is kept with the pod list: the same pods as last round, the same lists)
+        return World(now, pods, nodes, cloud, events, pdbs, utilization, by_node, unbound)
 
     @staticmethod
     def _normalise(node: Node) -> Node:
@@ -308,17 +305,22 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
         obs = self.observed
         if not obs.sync_needed(self.claims.version):
             return  # the same provider list and claims as after the last sync that learnt nothing: nothing to learn
+        # the listed nodes found settled before, unchanged and with unchanged claims, are left out (SettledNodes)
+        settled = obs.settled_nodes
+        pos, todo, known = settled.todo(self.claims, w.cloud)
         d = sync_claims(
             self.claims,
-            w.cloud,
+            todo,
             w.nodes,
             self._fleet,
             self._rules,
             w.now,
             requested=self.claims.count(_REQUESTED),
             foreign=None if obs.foreign is None or self.gpr.enabled else obs.foreign,
+            known=known,
         )
         self._apply(d, w)
+        settled.found(pos, w.cloud, d.matched)
         # settled: every listed node matched its settled claim, which depends on neither the time nor the cluster;
         # fixpoint: the claims as now changed are what a sync of this listing and these Nodes gives, at any time
         obs.synced_with(d.unlisted, d.settled, self.claims.version, fixpoint=d.fixpoint)

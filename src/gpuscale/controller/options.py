@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -195,6 +195,9 @@ class OptionsController(Controller):
     def _pool_of_node(self, name: str) -> NodePool | None:
         pool = super()._pool_of_node(name)
         return self.empty_waits.pool_for(name, pool) if self.empty_waits is not None else pool
+
+    def _node_pools(self) -> Callable[[str], NodePool | None]:
+        return self._pool_of_node if self.empty_waits is not None else super()._node_pools()
 
     def _decide_empty_waits(self, w: World) -> None:
         ew = self.empty_waits

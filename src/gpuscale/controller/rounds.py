@@ -2,9 +2,9 @@
 
 - :class:`ScaleUpState`: the planner, the batch window and the planning memo (what the last plan saw and decided),
   with a check mode that plans beside every skipped plan and records where skipping would have launched less.
-- :class:`Observation`: the time of the round, the node and cloud lists as last returned (a driver that returns the
-  same immutable tuple again is observed without looking at each node), whether the claim sync may be skipped, the
-  claims the provider stopped listing, and the round's wake-up times.
+- :class:`Observation`: the time of the round, the pod, node and cloud lists as last returned (a driver that returns
+  the same immutable tuple again is observed without looking at each pod or node), whether the claim sync may be
+  skipped, the claims the provider stopped listing, and the round's wake-up times.
 - :class:`Replacements`: nodes being replaced (with their replacements' claims) and claims drained involuntarily.
 - :class:`Reports`: the last reason reported for each object (no repeated events).
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from itertools import compress
 from typing import TYPE_CHECKING
 
 from gpuscale.controller.batching import PendingBatch
@@ -36,7 +37,31 @@ from gpuscale.providers.base import CloudNode
 
 if TYPE_CHECKING:
     from gpuscale.controller.availability import Availability
-    from gpuscale.controller.shell import World
+    from gpuscale.controller.claims import ClaimTable
+
+
+LivePods = tuple[list[Pod], dict[str, list[Pod]], list[Pod]]
+"""(live pods in list order, those bound grouped by node name in that order, the unbound ones)."""
+
+
+def live_pods(listed: Iterable[Pod], phases: Collection[str]) -> LivePods:
+    """The pods of ``listed`` whose phase is in ``phases``, those with a node grouped by node name and those
+    without one, in the order listed: one pass (the round regroups whenever the pod list changes)."""
+    pods: list[Pod] = []
+    by_node: dict[str, list[Pod]] = {}
+    unbound: list[Pod] = []
+    keep, group_of = pods.append, by_node.get
+    for p in listed:
+        if p.phase in phases:
+            keep(p)
+            name = p.node_name
+            if name is None:
+                unbound.append(p)
+            elif (group := group_of(name)) is None:
+                by_node[name] = [p]
+            else:
+                group.append(p)
+    return pods, by_node, unbound
 
 
 class ScaleUpState:
@@ -122,10 +147,9 @@ class Observation:
         self.now = -math.inf
         """The time of the current round (notes from the launcher are stamped with it)."""
         self.pods_list: object = None
-        self.pods: list[Pod] = []
-        """The live pods of ``pods_list`` (the backend's last pod list, kept if it was an immutable tuple)."""
-        self.pods_world: World | None = None
-        """The last round's world built on ``pods``: its grouping of the pods by node is reused with them."""
+        self.pods: LivePods = ([], {}, [])
+        """The live pods of ``pods_list`` (the backend's last pod list, kept if it was an immutable tuple), grouped
+        (:func:`live_pods`)."""
         self.nodes_list: object = None
         self.nodes: dict[str, Node] = {}
         self.cloud_list: object = None
@@ -134,6 +158,8 @@ class Observation:
         """(cloud list, claim table version) after a claim sync whose result a second sync would not change."""
         self.synced_nodes: object = None
         """The node list that sync depended on (a claim waited for its Node), or None if it depended on none."""
+        self.settled_nodes = SettledNodes()
+        """The listed nodes the next claim sync may leave out."""
         self.unlisted: set[str] = set()
         """Claims the provider stopped listing (lost after a grace period)."""
         self.wake_times: list[float] | None = None
@@ -144,11 +170,11 @@ class Observation:
         """(the claim table's version, its answer for the timed phases, the deadlines of those claims, each plus
         1 µs) as last computed."""
 
-    def live_pods(self, listed: Sequence[Pod], phases: Collection[str]) -> tuple[list[Pod], World | None]:
-        """The pods of ``listed`` in one of ``phases``, and the last world built on the same list (None if the list
-        changed). Only an immutable tuple is recognised again, also a new tuple of the very same pod objects in the
-        same order (a backend that lists again after a change elsewhere: pods are never changed in place, so the
-        live pods and their grouping are the same); the lists are shared, never changed."""
+    def live_pods(self, listed: Sequence[Pod], phases: Collection[str]) -> LivePods:
+        """:func:`live_pods` of ``listed``, the very same answer as last time if the list is the same. Only an
+        immutable tuple is recognised again, also a new tuple of the very same pod objects in the same order (a
+        backend that lists again after a change elsewhere: pods are never changed in place, so the live pods and
+        their grouping are the same); the answer's lists are shared, never changed."""
         last = self.pods_list
         if last is not None and (
             listed is last
@@ -160,10 +186,10 @@ class Observation:
             )
         ):
             self.pods_list = listed
-            return self.pods, self.pods_world
-        pods = [p for p in listed if p.phase in phases]
-        self.pods_list, self.pods, self.pods_world = (listed if isinstance(listed, tuple) else None), pods, None
-        return pods, None
+            return self.pods
+        self.pods_list = listed if isinstance(listed, tuple) else None
+        self.pods = found = live_pods(listed, phases)
+        return found
 
     def same_nodes(self, listed: object) -> bool:
         """True if ``listed`` is the node list observed last time (the same immutable tuple)."""
@@ -205,6 +231,76 @@ class Observation:
             self.synced, self.synced_nodes = (self.cloud_list, claims_version), None
         elif fixpoint and self.nodes_list is not None:
             self.synced, self.synced_nodes = (self.cloud_list, claims_version), self.nodes_list
+
+
+class SettledNodes:
+    """Which listed nodes the claim sync may leave out: those a sync found settled (``Decisions.matched``: their
+    claim needs nothing from them, whatever the time or the Nodes), kept by position in the provider's listing.
+
+    Invariant: ``nodes[i]`` is the node object a sync found settled at position ``i`` of the listing it was given,
+    ``keys[i]`` its claim key, and ``known`` maps that key to ``i``, only while the claim under that key has not
+    changed since (the claim table's :meth:`~gpuscale.controller.claims.ClaimTable.watch_keys`); every other
+    position holds None. A listed node is left out only if it is the very same object at the same position (nodes
+    are immutable), so its claim would be found settled again: a sync of the other nodes with these keys as
+    ``known`` decides exactly what a sync of the whole listing decides. A listing in another order, or from a
+    provider that makes new node objects every time, is judged node by node again (correct, only not faster).
+    """
+
+    def __init__(self) -> None:
+        self.table: object = None
+        self.changed: set[str] = set()
+        """Claim keys changed since they were last looked at (the table's change feed)."""
+        self.nodes: list[CloudNode | None] = []
+        self.keys: list[str] = []
+        self.known: dict[str, int] = {}
+
+    def todo(self, claims: ClaimTable, cloud: Sequence[CloudNode]) -> tuple[list[int], list[CloudNode], dict[str, int]]:
+        """(positions of the listed nodes to judge, those nodes, the keys of the nodes left out)."""
+        if claims is not self.table:  # another table: start over, following its changes
+            self.table, self.changed = claims, claims.watch_keys()
+            self.nodes, self.keys, self.known = [], [], {}
+        nodes, keys, known = self.nodes, self.keys, self.known
+        if self.changed:
+            for key in self.changed:
+                i = known.pop(key, None)
+                if i is not None:
+                    nodes[i] = None
+            self.changed.clear()
+        n, had = len(cloud), len(nodes)
+        if had < n:
+            nodes += [None] * (n - had)
+            keys += [""] * (n - had)
+        elif had > n:
+            for i in range(n, had):
+                if nodes[i] is not None:
+                    del known[keys[i]]
+            del nodes[n:], keys[n:]
+        if not known:
+            return list(range(n)), list(cloud), known
+        pos = list(compress(range(n), map(operator.is_not, cloud, nodes)))  # (C-level: the listing is read every sync)
+        for i in pos:
+            if nodes[i] is not None:
+                del known[keys[i]]
+                nodes[i] = None
+        todo = [cloud[i] for i in pos]
+        if any((cn.request_id or cn.node_id) in known for cn in todo):  # a key listed twice: judge every node
+            self.forget()
+            return list(range(n)), list(cloud), self.known
+        return pos, todo, known
+
+    def found(self, pos: Sequence[int], cloud: Sequence[CloudNode], matched: Iterable[tuple[int, str]]) -> None:
+        """The sync of the nodes at ``pos`` (of ``cloud``) found ``matched`` settled (indices into ``pos``); a key
+        already known at another position (the same node listed twice) is not kept a second time."""
+        nodes, keys, known = self.nodes, self.keys, self.known
+        for j, key in matched:
+            if key not in known:
+                i = pos[j]
+                nodes[i], keys[i], known[key] = cloud[i], key, i
+
+    def forget(self) -> None:
+        """Keep no node settled (every node of the next listing is judged)."""
+        self.nodes = [None] * len(self.nodes)
+        self.known = {}
 
 
 UNCORDON_RETRY_MIN_S = 1.0

@@ -8,7 +8,7 @@ carries decisions out and decides nothing itself (the decisions are in :mod:`gpu
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -90,26 +90,19 @@ class World:
     _unbound: list[Pod] | None = None
 
     def by_node(self) -> dict[str, list[Pod]]:
-        """Bound pods grouped by node name (computed once per observation; ``pods`` is not changed afterwards)."""
+        """Bound pods grouped by node name (given by the observation, or computed once; ``pods`` is not changed
+        afterwards)."""
         if self._by_node is None:
             self._group()
         assert self._by_node is not None
         return self._by_node
 
     def unbound(self) -> list[Pod]:
-        """Pods without a node (computed with :meth:`by_node`)."""
+        """Pods without a node (given or computed with :meth:`by_node`)."""
         if self._unbound is None:
             self._group()
         assert self._unbound is not None
         return self._unbound
-
-    def share_grouping(self, other: World) -> None:
-        """Take ``other``'s grouping of the pods (computed later by either world if not yet): only for a world of
-        the very same ``pods`` list."""
-        assert other.pods is self.pods
-        if other._by_node is None:
-            other._group()
-        self._by_node, self._unbound = other._by_node, other._unbound
 
     def _group(self) -> None:
         out: dict[str, list[Pod]] = {}
@@ -134,6 +127,23 @@ class DisruptionInputs:
     protected: frozenset[str]
     unavailable: dict[OfferingKey, float]
     by_node: Mapping[str, Sequence[Pod]] | None = None
+
+
+class _NodePools(dict[str, "NodePool | None"]):
+    """Node name -> the pool of the first claim (in table order) naming that node, None if none does; a name not
+    yet asked is looked up on the first ask (``__missing__``)."""
+
+    __slots__ = ("claims", "pools")
+
+    def __init__(self, claims: ClaimTable, pools: Mapping[str, NodePool]) -> None:
+        super().__init__()
+        self.claims = claims
+        self.pools = pools
+
+    def __missing__(self, name: str) -> NodePool | None:
+        found = self.claims.by_node_name(name)
+        pool = self[name] = self.pools.get(found[1].pool) if found is not None else None
+        return pool
 
 
 LEAVING = frozenset({ClaimPhase.DRAINING, ClaimPhase.DELETING, ClaimPhase.FAILED})
@@ -281,28 +291,34 @@ class ShellBase:
         )
         return template_labels(pool, it, off), pool.taints
 
-    _pool_memo: tuple[ClaimTable, Mapping[str, NodePool], set[str], dict[str, NodePool | None]] | None = None
+    _pool_memo: tuple[ClaimTable, Mapping[str, NodePool], set[str], _NodePools] | None = None
 
-    def _pool_of_node(self, name: str) -> NodePool | None:
-        """The pool of the claim of node ``name`` (asked for every consolidation candidate several times a round).
-        The answers are kept per node name until a claim naming that node changes (the claim table's
-        :meth:`~gpuscale.controller.claims.ClaimTable.watch_names`), and all until the table or the pools are
-        replaced."""
+    def _node_pools(self) -> Callable[[str], NodePool | None]:
+        """:meth:`_pool_of_node` as a plain lookup (a kept answer costs one C-level call), for a caller that asks many
+        nodes while the claim table does not change (a change is seen only at the next call of this method).
+        :class:`~gpuscale.controller.options.OptionsController` returns its own :meth:`_pool_of_node` instead."""
+        return self._pools_kept().__getitem__
+
+    def _pools_kept(self) -> _NodePools:
+        """The kept node pools, without the answers for node names that a claim change may have changed since (the
+        claim table's :meth:`~gpuscale.controller.claims.ClaimTable.watch_names`); all answers are dropped when the
+        table or the pools are replaced."""
         memo = self._pool_memo
         if memo is None or memo[0] is not self.claims or memo[1] is not self.pools:
             watched = memo[2] if memo is not None and memo[0] is self.claims else self.claims.watch_names()
             watched.clear()
-            memo = self._pool_memo = (self.claims, self.pools, watched, {})
+            memo = self._pool_memo = (self.claims, self.pools, watched, _NodePools(self.claims, self.pools))
         changed, known = memo[2], memo[3]
         if changed:
             for gone in changed:
                 known.pop(gone, None)
             changed.clear()
-        if name in known:
-            return known[name]
-        found = self._claim_by_node_name(name)
-        pool = known[name] = self.pools.get(found[1].pool) if found is not None else None
-        return pool
+        return known
+
+    def _pool_of_node(self, name: str) -> NodePool | None:
+        """The pool of the claim of node ``name`` (asked for every consolidation candidate several times a round),
+        kept as :meth:`_pools_kept` says."""
+        return self._pools_kept()[name]
 
     def _record(self, now: float, kind: EventKind, obj: str, reason: str, message: str, **data: object) -> None:
         self.backend.record(Event(now, str(kind), obj, reason, message, data))

@@ -135,6 +135,7 @@ def sync_claims(
     *,
     requested: int | None = None,
     foreign: Callable[[str], bool] | None = None,
+    known: Collection[str] = (),
 ) -> Decisions:
     """Match the provider's node list against the claims (see the module docstring).
 
@@ -142,6 +143,11 @@ def sync_claims(
     here when not given). A node whose request id names a claim with another node id is a second node of that
     request and is claimed as ``<id>#<node id>``. Nodes whose request id ``foreign`` owns (another engine's, e.g.
     the GPR manager's) are left alone: never adopted, so never consolidated, drained or deleted here.
+
+    ``known``: the claim keys of listed nodes left out of ``cloud`` because the caller knows each teaches nothing
+    (the node and its claim are the very ones an earlier sync found settled, see :attr:`Decisions.matched`); no
+    node of ``cloud`` may have one of these keys as its request id (or node id). The decisions are those of a sync
+    of the whole listing, in the same order (a settled node adds no action).
     """
     out = Decisions()
     table: dict[str, NodeClaim] | None = None  # the claims with this sync's changes, made on the first change
@@ -152,7 +158,8 @@ def sync_claims(
     listed_requests = 0  # Requested claims whose node this sync found (they are Launched now)
     seen: set[str] = set()
     saw = seen.add
-    for cn in cloud:
+    matched = out.matched.append
+    for i, cn in enumerate(cloud):
         key = cn.request_id or cn.node_id
         existing = lookup(key)
         if existing is None:
@@ -165,6 +172,7 @@ def sync_claims(
             and (not cn.node_name or existing.node_name == cn.node_name)
         ):
             saw(key)
+            matched((i, key))
             continue
         if existing is not None and existing.node_id and existing.node_id != cn.node_id:
             key = f"{key}#{cn.node_id}"
@@ -200,13 +208,13 @@ def sync_claims(
     if requested is None:
         requested = sum(1 for c in claims.values() if c.phase is ClaimPhase.REQUESTED)
     requested -= listed_requests
-    if len(seen) + requested == len(current):
-        # every claim was listed, or is still Requested (seen claims are never Requested)
+    if len(seen) + len(known) + requested == len(current):
+        # every claim was listed, or is still Requested (seen claims are never Requested; known ones are seen)
         out.settled = not learnt and not waiting
         out.fixpoint = True
         return out
     for key, claim in list(current.items()):
-        if key in seen or claim.phase is ClaimPhase.REQUESTED:
+        if key in seen or key in known or claim.phase is ClaimPhase.REQUESTED:
             continue
         if claim.phase is ClaimPhase.LAUNCHED and (
             now - claim.since < rules.lost_grace_s or find_node(claim, nodes) is not None

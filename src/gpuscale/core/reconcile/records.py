@@ -118,13 +118,21 @@ class Fleet:
 
     pools: Mapping[str, NodePool]
     types: Mapping[str, InstanceType]
+    _offerings: dict[tuple[str, str, CapacityType], Offering | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """:meth:`offering`'s answers, kept (``types`` and its instance types never change)."""
 
     def offering(self, instance_type: str, zone: str, ct: CapacityType) -> Offering | None:
-        """The catalog's offering, or None."""
+        """The catalog's offering (the first of the type's offerings in that zone and capacity type), or None."""
+        key = (instance_type, zone, ct)
+        known = self._offerings
+        if key in known:
+            return known[key]
         it = self.types.get(instance_type)
-        if it is None:
-            return None
-        return next((o for o in it.offerings if o.zone == zone and o.capacity_type is ct), None)
+        offerings = it.offerings if it is not None else ()
+        found = known[key] = next((o for o in offerings if o.zone == zone and o.capacity_type is ct), None)
+        return found
 
     def price(self, instance_type: str, zone: str, ct: CapacityType) -> float:
         """The offering's hourly price (0 when the catalog does not know it)."""
@@ -274,6 +282,10 @@ class Decisions:
     """The claims these decisions leave are a fixpoint of the claim sync: a sync of the same listing and the same
     Nodes would change nothing, at any time (no claim waits for the end of its listing grace period; a Launched or
     Registered claim may still advance when its Node changes): the shell may skip that sync."""
+    matched: list[tuple[int, str]] = field(default_factory=list)
+    """The claim sync's settled nodes: (index in the listing it was given, claim key) of every listed node whose
+    claim needs nothing from it (its node id and name, a phase past Registered), whatever the time or the Nodes:
+    while that node and that claim are unchanged, a later sync may leave the node out (its ``known`` keys)."""
 
     def note(self, kind: EventKind, obj: str, reason: str, message: str, **data: object) -> None:
         """Append a :class:`Note`."""
