@@ -44,6 +44,8 @@ _FLYING = (ClaimPhase.REQUESTED, ClaimPhase.LAUNCHED)
 _NONE: frozenset[OfferingKey] = frozenset()
 """The unavailable offerings of a round when there are none (one shared object)."""
 _DELETING = ClaimPhase.DELETING
+_NO_KEYS: frozenset[str] = frozenset()
+"""The GPR-held claim keys while GPRs are off (what ``GprNodes.keys`` answers then, without the call)."""
 _INITIALIZED = (ClaimPhase.INITIALIZED,)
 """The claim phase of candidate nodes."""
 _PLANNING = (ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED)
@@ -198,7 +200,8 @@ class ScaleDownSteps(ShellBase):
         GPR-held claims, the names of the round's Nodes and the last plan's pods on existing nodes only: kept while
         all of those are the same (the sets are the caller's copies; the rest are never changed)."""
         claims = self.claims
-        key = (claims, claims.version, tuple(self.replacements.by_old), self.gpr.keys(claims))
+        gpr = self.gpr
+        key = (claims, claims.version, tuple(self.replacements.by_old), gpr.keys(claims) if gpr.enabled else _NO_KEYS)
         last = self.__dict__.get("_step_inputs_memo")
         if (
             last is not None
@@ -222,7 +225,8 @@ class ScaleDownSteps(ShellBase):
         gate = self.gate
         replacing = self.replacements.by_old
         disrupting: set[str] = set(replacing)
-        held = self.gpr.keys(self.claims)  # a GPR's nodes are never consolidated while it holds them
+        gpr = self.gpr  # a GPR's nodes are never consolidated while it holds them
+        held = gpr.keys(self.claims) if gpr.enabled else _NO_KEYS
         # the candidate nodes depend on the Initialized claims, the nodes being replaced and the held claims only: kept
         # while the table's Initialized claims (their phase version) and those two are the same (nothing changes the
         # set once made; the claims of other phases are skipped, in table order as before)
@@ -297,7 +301,8 @@ class ScaleDownSteps(ShellBase):
                         lst.append(p)
                 by_node = {**by_node, **gained}
         nodes = list(w.nodes.values())
-        gpr_keys = self.gpr.keys(self.claims)
+        gpr = self.gpr
+        gpr_keys = gpr.keys(self.claims) if gpr.enabled else _NO_KEYS
         if gpr_keys:  # a GPR's nodes are outside the pools' accounting here (minNodes, budgets): never disrupted
             held = {c.node_name for k in gpr_keys if (c := self.claims[k]).node_name}
             nodes = [replace(n, pool=None) if n.name in held else n for n in nodes]
@@ -406,7 +411,11 @@ class ScaleDownSteps(ShellBase):
         """Delete the claim's node at the provider, then its Node object (both idempotent)."""
         now = w.now
         c = self.claims[key]
-        cloud = next((cn for cn in w.cloud if cn.node_id == c.node_id), None)
+        cloud = None
+        for cn in w.cloud:  # (the first cloud node of the claim's node id: a loop, not next() over a generator)
+            if cn.node_id == c.node_id:
+                cloud = cn
+                break
         recheck = self.config.max_backoff_s  # the provider is deleting it: only a stuck deletion needs another look
         if c.node_id and (cloud is None or cloud.state is not CloudNodeState.DELETING):
             recheck = self.config.delete_recheck_s
