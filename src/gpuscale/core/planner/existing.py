@@ -70,6 +70,8 @@ class ExistingNodes:
         """The scorer's answers depend on its inputs alone (no random stream that a skipped call would not
         advance). Its ``prepare`` reads only the state's rows, capacities and GPU models, never the free capacity,
         so preparing it after some placements gives the same scorer."""
+        self._rowwise = self._pure_scores and getattr(SCORERS[scorer], "rowwise", False)
+        """Equal rows get equal scores, to the last bit, whatever was asked before (see ``_alike``)."""
         self.workloads = snapshot.workloads or None
         """The active GPRs' workload selectors (None: no GPR is active, the rule costs nothing)."""
         self._arena: RowArena | None = None
@@ -165,10 +167,10 @@ class ExistingNodes:
 
     def _alike(self, cand: IntArray) -> bool:
         """True if the candidate rows are still their stored rows and those are equal in every value, GPU column
-        and GPU model. A scorer's score of a row depends on the row's values and the rest of the state, never on
-        its index (:class:`~gpuscale.core.scoring.base.Scorer`), so such rows score alike and ``select`` takes the
-        first (on 676 of the 877 choices among several existing nodes of the openb replay, most of them launching
-        nodes of one type: neither the scorer's preparation nor its scores are needed)."""
+        and GPU model. A ``rowwise`` scorer scores such rows alike, to the last bit, whatever it was asked before
+        (:class:`~gpuscale.core.scoring.base.Scorer`), and ``select`` takes the first (on 676 of the 877 choices
+        among several existing nodes of the openb replay, most of them launching nodes of one type: neither the
+        scorer's preparation nor its scores are needed)."""
         rows = cand.tolist()
         if self._arena is None or not self._placed_rows.isdisjoint(rows):
             return False
@@ -201,7 +203,7 @@ class ExistingNodes:
                     continue
                 if cand.size == 1 and self._pure_scores:
                     i = int(cand[0])  # the scores of one candidate choose nothing: neither prepared nor asked
-                elif self._pure_scores and self._alike(cand):
+                elif self._rowwise and self._alike(cand):
                     i = int(cand[0])  # rows equal in every column score alike: the first wins, as in select
                 else:
                     if not self._scorer_ready:  # prepared on first use: most plans place nothing on existing nodes

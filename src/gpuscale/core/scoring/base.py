@@ -63,8 +63,12 @@ class Scorer(Protocol):
     rows, capacities and GPU models (not its free capacity). A scorer whose ``score`` advances a random stream has a
     true ``draws`` attribute; for any other, a caller may skip asking about a single candidate. The score of a
     candidate depends on its row's values (capacities, free capacity, GPU columns, GPU model) and the rest of the
-    state, never on its index: rows equal in every column score alike, and a caller may take the first of them
-    without asking (the planner does, tests/test_scorer_alike_rows.py).
+    state, never on its index. A scorer with a true ``rowwise`` attribute also computes each row's score from that
+    row alone by the same floating-point operations whatever the other candidates, so that rows equal in every
+    column score alike to the last bit after any history of calls, and a caller may take the first of them without
+    asking (the planner does; tests/test_scorer_alike_rows.py). Scorers whose matrix products mix rows in
+    batch-dependent order (fgd, fill-reserve, fill-pair) may score equal rows a few ulps apart once their per-row
+    caches were filled in different batches, so they are not ``rowwise``.
     """
 
     name: str

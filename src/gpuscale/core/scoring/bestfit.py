@@ -19,6 +19,10 @@ class BestFit:
     """Minus the weighted, cluster-normalised CPU + GPU leftover after placing the request."""
 
     name = "best-fit"
+    rowwise = True
+    """Each row's score is made from that row alone by the same floating-point operations whatever the other
+    candidates (no matrix product, no reduction across rows): equal rows score alike, bit for bit, after any history
+    of calls (see :class:`~gpuscale.core.scoring.base.Scorer`)."""
 
     def __init__(self, cpu_weight: float = 0.5, gpu_weight: float = 0.5) -> None:
         self.cpu_weight = cpu_weight

@@ -18,6 +18,10 @@ class DotProduct:
     """Minus the normalised dot product of free capacity and request."""
 
     name = "dot-product"
+    rowwise = True
+    """Each row's score is made from that row alone by the same floating-point operations whatever the other
+    candidates (no matrix product, no reduction across rows): equal rows score alike, bit for bit, after any history
+    of calls (see :class:`~gpuscale.core.scoring.base.Scorer`)."""
 
     def __init__(self) -> None:
         self._spec: tuple[float, float, float] | None = None

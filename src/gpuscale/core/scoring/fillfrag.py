@@ -79,6 +79,10 @@ class FillFrag:
     """Minus the growth of the node's expected fill waste if the request is placed there (module docstring)."""
 
     name = "fill-frag"
+    rowwise = True
+    """Each row's score is made from that row alone by the same floating-point operations whatever the other
+    candidates (no matrix product, no reduction across rows): equal rows score alike, bit for bit, after any history
+    of calls (see :class:`~gpuscale.core.scoring.base.Scorer`)."""
 
     def __init__(self, coverage: float = 1.0, size_power: float = -1.0) -> None:
         self.coverage = coverage

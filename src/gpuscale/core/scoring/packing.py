@@ -19,6 +19,10 @@ class GpuPacking:
     """Tiered packing score: shared GPU > used node > idle node."""
 
     name = "gpu-packing"
+    rowwise = True
+    """Each row's score is made from that row alone by the same floating-point operations whatever the other
+    candidates (no matrix product, no reduction across rows): equal rows score alike, bit for bit, after any history
+    of calls (see :class:`~gpuscale.core.scoring.base.Scorer`)."""
 
     def prepare(self, state: ClusterState, workload: Workload | None) -> None:
         """Nothing to precompute."""
