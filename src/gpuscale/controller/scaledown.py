@@ -68,6 +68,9 @@ class ScaleDownSteps(ShellBase):
         offerings = self.availability.offerings
         unavailable_now = frozenset([k for k, t in offerings.items() if t > now]) if offerings else _NONE
         last_pass = gate.last_pass_at
+        # the node pools as a plain lookup: nothing from here to the end of the kept loop changes a claim (the passes
+        # and the gate only read them; the actions, which drain and launch, come after)
+        pool_of = self._node_pools()
 
         def probe(resting: set[str]) -> bool:
             """Whether a pass over these resting nodes alone would act now (room was taken where their pods fit)."""
@@ -84,7 +87,7 @@ class ScaleDownSteps(ShellBase):
             w.utilization,
             unavailable_now,
             now,
-            self._pool_of_node,
+            pool_of,
             planned,
             flying,
             probe,
@@ -128,7 +131,7 @@ class ScaleDownSteps(ShellBase):
                 continue
             if kept.node not in protected:
                 keys = frozenset([p.key for p in by_node.get(kept.node, ())])
-                gate.rest(kept.node, keys, now, self._pool_of_node, timed=why is _BUDGET)
+                gate.rest(kept.node, keys, now, pool_of, timed=why is _BUDGET)
             self._report(f"node/{kept.node}", str(why), EventKind.DISRUPTION_BLOCKED, now, kept.message)
         for action in dp.actions:
             if action.kind is ActionKind.DELETE:
