@@ -395,8 +395,10 @@ class RowArena:
         new.names = names
         new.models = list(columns[0])
         new.model_idx = columns[1]
-        new._set_columns(np.take(self._values, idx, axis=1))  # one fresh C-ordered (9, rows) array: a row each
-        new.gpu_free = self._gpus[idx]
+        # ndarray.take: one fresh C-ordered (9, rows) array, a row each; the GPU rows taken rather than fancy-indexed
+        # (a quarter of the time for a (rows, width) gather)
+        new._set_columns(self._values.take(idx, axis=1))
+        new.gpu_free = self._gpus.take(idx, axis=0)
         return new
 
 

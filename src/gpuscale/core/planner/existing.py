@@ -60,7 +60,8 @@ class ExistingNodes:
         self.nodes: list[Node] = sorted(snapshot.nodes, key=_LAUNCHING_NAME)
         self.names = [n.name for n in self.nodes]
         self.node_index = {name: i for i, name in enumerate(self.names)}
-        self.launching = np.fromiter([n.launching for n in self.nodes], dtype=bool, count=len(self.nodes))
+        self._launching_from: int | None = None
+        """The first launching node's row (they come last; made on first use)."""
         self._rows_cache: dict[int, tuple[IntArray, IntArray]] = {}
         self._groups_cache: dict[tuple[str, ...], list[IntArray]] = {}
         self._all_rows: tuple[IntArray, IntArray] | None = None
@@ -130,16 +131,23 @@ class ExistingNodes:
                 passing.append(rows)
         if len(passing) == len(groups):  # the class may use every node (the common case): one split per plan
             if self._all_rows is None:
-                # nonzero()[0]: np.flatnonzero of a one-dimensional array without its Python-level ravel
-                self._all_rows = ((~self.launching).nonzero()[0], self.launching.nonzero()[0])
+                k = self._launching_row()
+                self._all_rows = (np.arange(k), np.arange(k, len(nodes)))
             result = self._all_rows
         else:
             ok = np.zeros(len(nodes), dtype=bool)
             for rows in passing:
                 ok[rows] = True
-            result = ((ok & ~self.launching).nonzero()[0], (ok & self.launching).nonzero()[0])
+            k = self._launching_row()
+            result = (ok[:k].nonzero()[0], ok[k:].nonzero()[0] + k)  # nonzero()[0]: np.flatnonzero without a ravel
         self._rows_cache[cls.index] = result
         return result
+
+    def _launching_row(self) -> int:
+        """The row of the first launching node (the number of existing nodes): launching nodes sort last."""
+        if self._launching_from is None:
+            self._launching_from = next((i for i, n in enumerate(self.nodes) if n.launching), len(self.nodes))
+        return self._launching_from
 
     def _node_groups(self, keys: tuple[str, ...]) -> list[IntArray]:
         """Node rows grouped by their labels on ``keys``, taints and cordon state (cached per key set)."""

@@ -93,7 +93,7 @@ class ClassOptions:
                 o = self.options[int(rows[0])]
                 if static_failure(pod, o.labels, o.taints) is None:
                     ok[rows] = True
-        return [int(i) for i in np.flatnonzero(ok)]
+        return ok.nonzero()[0].tolist()  # Python ints, as int() of each of np.flatnonzero(ok)
 
     def _option_groups(self, keys: tuple[str, ...]) -> list[IntArray]:
         """Options grouped by their template labels on ``keys`` and taints (cached per key set)."""

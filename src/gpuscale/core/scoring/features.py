@@ -9,8 +9,10 @@ from gpuscale.core.state import ClusterState, IntArray
 
 
 def gpu_left(state: ClusterState, rows: IntArray) -> IntArray:
-    """Free milli-GPU of every physical GPU of ``rows`` (absent GPU slots count as 0), shape (rows, max_gpus)."""
-    out: IntArray = np.maximum(state.gpu_free[rows], 0)  # the same values as np.where(g > 0, g, 0), cheaper
+    """Free milli-GPU of every physical GPU of ``rows`` (row numbers, not a mask; absent GPU slots count as 0), shape
+    (rows, max_gpus)."""
+    # the same values as np.where(g > 0, g, 0), cheaper; rows taken rather than fancy-indexed (a quarter of the time)
+    out: IntArray = np.maximum(state.gpu_free.take(rows, axis=0), 0)
     return out
 
 
