@@ -331,6 +331,71 @@ def plan_disruption(
     # in total: an upper bound that rules out most hopeless moves without simulating.
     room, changed, free_total = rows_of(dest, by_node, memo)
 
+    looked_at: Sequence[Node] = dest
+    if candidates is not None and len(room) == len(dest):
+        # the named candidates' rows give their nodes (the destinations' names are unique): find_candidates walks
+        # those only, not every destination (it keeps the same ones and sorts them by a key that ends with the name)
+        looked_at = [kept_row.node for name in candidates if (kept_row := room.get(name)) is not None]
+
+    def verdict_for(pool: NodePool, reason: DisruptionReason) -> BudgetVerdict:
+        """:func:`allowed_disruptions` for the pool's node counts of this pass (the memo keeps the verdicts of pools
+        without scheduled budgets: nothing but these inputs decides them)."""
+        total, busy = totals_all.get(pool.name, 0), disrupting_by_pool.get(pool.name, 0)
+        if memo is None:
+            return allowed_disruptions(pool, reason, total, busy, now)
+        return memo.verdict(pool, reason, total, busy, now)
+
+    cands, new_since = find_candidates(
+        looked_at,
+        pool_by_name,
+        by_node,
+        catalog,
+        now,
+        since,
+        candidates,
+        utilization,
+        memo.candidates if memo else None,
+    )
+
+    memo_key: tuple[object, ...] = ()
+    valid: dict[str, Judged] = {}
+    budgets: dict[str, tuple[int, int]] = {}
+    if memo is not None and not pdbs:
+        memo_key = (
+            pools_t,
+            catalog,
+            allow_replace,
+            workloads,
+            frozenset([(k, t) for k, t in unavailable.items() if t > now]) if unavailable else _NONE,
+            # the pools' totals (launching nodes too) decide replacements only under maxNodes or limits
+            pool_totals(nodes, catalog) if bounded else None,
+        )
+
+        def verdict_of(c: Candidate) -> BudgetVerdict:
+            return verdict_for(c.pool, c.reason)
+
+        budgets = {name: (total, disrupting_by_pool.get(name, 0)) for name, total in totals_all.items()}
+        valid = memo.valid(
+            now,
+            memo_key,
+            room,
+            changed,
+            free_total,
+            cands,
+            new_since,
+            protected,
+            verdict_of,
+            counts,
+            budgets,
+            workloads,
+        )
+        if len(valid) == len(cands):  # every candidate kept as before: no action, nothing else to judge
+            memo.hits += 1
+            memo.reused += len(cands)
+            memo.remember(now, memo_key, room, free_total, valid, counts, budgets)
+            return DisruptionPlan((), tuple(valid[c.node.name].kept for c in cands), new_since)
+
+    # (the helpers of a pass that judges candidates, made only past the memo's all-kept answer)
     def may_fit_elsewhere(n: Node, wl: Sequence[Pod]) -> bool:
         return fits_total(free_total, room.get(n.name), wl)
 
@@ -403,69 +468,6 @@ def plan_disruption(
             lazy.append(_Sim(rows, [r[5] for r in recv], state, usable, workloads=workloads or None, caps=caps))
         return lazy[0]
 
-    looked_at: Sequence[Node] = dest
-    if candidates is not None and len(room) == len(dest):
-        # the named candidates' rows give their nodes (the destinations' names are unique): find_candidates walks
-        # those only, not every destination (it keeps the same ones and sorts them by a key that ends with the name)
-        looked_at = [kept_row.node for name in candidates if (kept_row := room.get(name)) is not None]
-
-    def verdict_for(pool: NodePool, reason: DisruptionReason) -> BudgetVerdict:
-        """:func:`allowed_disruptions` for the pool's node counts of this pass (the memo keeps the verdicts of pools
-        without scheduled budgets: nothing but these inputs decides them)."""
-        total, busy = totals_all.get(pool.name, 0), disrupting_by_pool.get(pool.name, 0)
-        if memo is None:
-            return allowed_disruptions(pool, reason, total, busy, now)
-        return memo.verdict(pool, reason, total, busy, now)
-
-    cands, new_since = find_candidates(
-        looked_at,
-        pool_by_name,
-        by_node,
-        catalog,
-        now,
-        since,
-        candidates,
-        utilization,
-        memo.candidates if memo else None,
-    )
-
-    memo_key: tuple[object, ...] = ()
-    valid: dict[str, Judged] = {}
-    budgets: dict[str, tuple[int, int]] = {}
-    if memo is not None and not pdbs:
-        memo_key = (
-            pools_t,
-            catalog,
-            allow_replace,
-            workloads,
-            frozenset([(k, t) for k, t in unavailable.items() if t > now]) if unavailable else _NONE,
-            # the pools' totals (launching nodes too) decide replacements only under maxNodes or limits
-            pool_totals(nodes, catalog) if bounded else None,
-        )
-
-        def verdict_of(c: Candidate) -> BudgetVerdict:
-            return verdict_for(c.pool, c.reason)
-
-        budgets = {name: (total, disrupting_by_pool.get(name, 0)) for name, total in totals_all.items()}
-        valid = memo.valid(
-            now,
-            memo_key,
-            room,
-            changed,
-            free_total,
-            cands,
-            new_since,
-            protected,
-            verdict_of,
-            counts,
-            budgets,
-            workloads,
-        )
-        if len(valid) == len(cands):  # every candidate kept as before: no action, nothing else to judge
-            memo.hits += 1
-            memo.reused += len(cands)
-            memo.remember(now, memo_key, room, free_total, valid, counts, budgets)
-            return DisruptionPlan((), tuple(valid[c.node.name].kept for c in cands), new_since)
     judged: dict[str, Judged] = {}
     fresh: list[tuple[Candidate, int]] = []  # candidates judged here before any action, with their kept index
     fits: dict[str, bool] = {}
