@@ -37,6 +37,7 @@ def test_indexes_match_a_scan_after_any_changes(steps: list[tuple[str, str, Clai
     table = ClaimTable()
     plain: dict[str, NodeClaim] = {}
     names = table.watch_names()
+    changed_keys = table.watch_keys()
     groups = ([PHASES[0]], (PHASES[0],), LEAVING, frozenset(LEAVING), tuple(LEAVING), PHASES, frozenset(PHASES))
     for op, key, phase, node in steps:
         kept_answers = {id(g): (g, table.in_phases(g)) for g in groups}
@@ -44,6 +45,7 @@ def test_indexes_match_a_scan_after_any_changes(steps: list[tuple[str, str, Clai
         answers_before = {name: table.by_node_name(name) for name in ("n0", "n1", "n2")}
         in_phase_before = {p: [(k, id(c)) for k, c in plain.items() if c.phase is p] for p in PHASES}
         phase_versions = {p: table.phase_version(p) for p in PHASES}
+        plain_before = dict(plain)
         if op == "set":
             table[key] = plain[key] = claim(key, phase, node)
         elif op == "del" and key in plain:
@@ -83,6 +85,13 @@ def test_indexes_match_a_scan_after_any_changes(steps: list[tuple[str, str, Clai
                 assert name in names
         assert "" not in names
         names.clear()
+        before_claims = {k: id(c) for k, c in plain_before.items()}
+        after_claims = {k: id(c) for k, c in plain.items()}
+        # the key watcher names exactly the keys whose claim was added, replaced by another object or removed
+        assert changed_keys == {
+            k for k in before_claims.keys() | after_claims.keys() if before_claims.get(k) != after_claims.get(k)
+        }
+        changed_keys.clear()
 
 
 def test_changing_through_other_dict_methods_is_refused() -> None:

@@ -194,6 +194,45 @@ def test_the_same_pod_list_gives_the_same_pods_and_grouping() -> None:
     assert obs.live_pods(list(pods), live) is not as_list  # a list is never recognised again
 
 
+def _normalised(n: Any) -> Any:
+    return replace(n, pool=n.labels.get("pool", "p")) if n.pool is None else n
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_node_list_patched_where_it_changed_equals_it_read_whole(data: st.DataObject) -> None:
+    """Random node lists, each a tuple made again with some objects replaced (renamed, without a pool, another
+    length, a name twice): the patched dict equals the one read from the whole list, in the same order."""
+    obs = Observation(None)
+    names = ["a", "b", "c", "d"]
+    nodes: list[Any] = []
+    for _ in range(data.draw(st.integers(1, 10))):
+        if not nodes or data.draw(st.integers(0, 4)) == 0:  # another length, maybe names twice
+            size = data.draw(st.integers(0, 4))
+            nodes = [k8s(data.draw(st.sampled_from(names))) for _ in range(size)]
+        for i in range(len(nodes)):
+            if data.draw(st.integers(0, 2)) == 0:
+                nodes[i] = replace(nodes[i], name=data.draw(st.sampled_from([nodes[i].name, *names])))
+                nodes[i] = replace(nodes[i], pool=data.draw(st.sampled_from([None, "gpu"])))
+        listed = tuple(nodes)
+        whole = {n.name: _normalised(n) for n in listed}
+        patched = obs.patched_nodes(listed, _normalised)
+        assert patched is None or (patched == whole and list(patched) == list(whole))
+        obs.keep_nodes(listed, whole)
+
+
+def test_a_node_list_patched_only_where_objects_changed() -> None:
+    obs = Observation(None)
+    a, b = k8s("a"), k8s("b")
+    assert obs.patched_nodes((a, b), _normalised) is None  # nothing kept yet
+    obs.keep_nodes((a, b), {"a": a, "b": b})
+    b2 = replace(b, unschedulable=True)
+    assert obs.patched_nodes((a, b2), _normalised) == {"a": a, "b": b2}
+    assert obs.patched_nodes((a, replace(b, name="c")), _normalised) is None  # renamed: read whole
+    assert obs.patched_nodes((a,), _normalised) is None  # another length
+    assert obs.patched_nodes([a, b2], _normalised) is None  # a list that may change in place
+
+
 def _grouped_by_world(pods: list[Pod]) -> tuple[dict[str, list[Pod]], list[Pod]]:
     world = World(0.0, pods, {}, [], [], [], {})  # no grouping given: the world groups its pods itself
     return world.by_node(), world.unbound()
@@ -229,6 +268,7 @@ def no_shortcuts(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]
         monkeypatch.setattr(Observation, "sync_needed", lambda self, version: True)
         monkeypatch.setattr(SettledNodes, "todo", lambda self, table, cloud: (list(range(len(cloud))), list(cloud), {}))
         monkeypatch.setattr(SettledNodes, "found", lambda self, pos, cloud, matched: None)
+        monkeypatch.setattr(Observation, "patched_nodes", lambda self, listed, normalise: None)
         monkeypatch.setattr(ShellBase, "_pool_of_node", pool_of_node)
         monkeypatch.setattr(ShellBase, "_node_pools", lambda self: self._pool_of_node)
         monkeypatch.setattr(Observation, "live_pods", lambda self, pods, ok: live_pods(pods, ok))

@@ -162,6 +162,12 @@ def test_replacements_and_reports() -> None:
     rep.changed("pod/b", "X")
     rep.prune_pods(["b"])
     assert set(rep.last) == {"node/n", "pod/b"}
+    rep.changed("pod/c", "Y")
+    rep.prune_pods(["c"])  # b is no longer pending: forgotten, reported again
+    assert set(rep.last) == {"node/n", "pod/c"} and rep.changed("pod/b", "X")
+    rep.forget("pod/c")
+    rep.prune_pods([])
+    assert set(rep.last) == {"node/n"} and rep.changed("pod/c", "Y") and not rep.changed("node/n", "Kept")
 
 
 # --------------------------------------------------------------------------------------- through the controller

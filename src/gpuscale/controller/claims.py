@@ -170,14 +170,18 @@ class ClaimTable(dict[str, NodeClaim]):
         the table while going through it). Asked several times a round with the same phases: the answer for a
         frozenset or tuple of phases is kept, as one tuple, until a claim of those phases changes; a caller may keep
         what it derived from an answer while it gets the very same tuple again."""
+        try:
+            found = self._memo.get(phases)  # (only tuples and frozensets are kept: asked first, most asks hit)
+        except TypeError:  # a list or set of phases
+            return self._in_phases(phases)
+        if found is not None:
+            return found
         kind = type(phases)
         if kind is not tuple and kind is not frozenset:
             return self._in_phases(phases)
-        found = self._memo.get(phases)
-        if found is None:
-            found = self._memo[phases] = tuple(self._in_phases(phases))
-            for p in phases:
-                self._memo_of[p][phases] = None
+        found = self._memo[phases] = tuple(self._in_phases(phases))
+        for p in phases:
+            self._memo_of[p][phases] = None
         return found
 
     def _in_phases(self, phases: Iterable[ClaimPhase]) -> list[tuple[str, NodeClaim]]:

@@ -275,8 +275,10 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
             listed = self.backend.list_nodes()
             if obs.same_nodes(listed):
                 nodes = dict(obs.nodes)  # a copy: the controller deletes from it during the round
-            else:
-                nodes = {n.name: n if n.pool is not None else self._normalise(n) for n in listed}
+            else:  # (patched where the list replaced a few nodes, else all normalised)
+                nodes = obs.patched_nodes(listed, self._normalise) or {
+                    n.name: n if n.pool is not None else self._normalise(n) for n in listed
+                }
                 obs.keep_nodes(listed, nodes)
             provided = self.provider.list_nodes()
             if provided is not obs.cloud_list:

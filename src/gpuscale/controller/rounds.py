@@ -191,6 +191,22 @@ class Observation:
         self.pods = found = live_pods(listed, phases)
         return found
 
+    def patched_nodes(self, listed: Sequence[Node], normalise: Callable[[Node], Node]) -> dict[str, Node] | None:
+        """The nodes by name of a new immutable node list of the same length as the last one, each at the same
+        position under the same name (node objects replaced where the node changed): the last nodes with the changed
+        ones normalised again, which is what the whole list normalised gives, in the same order (the last list had no
+        name twice). None for any other list (normalise all)."""
+        last, kept = self.nodes_list, self.nodes
+        if not isinstance(last, tuple) or not isinstance(listed, tuple) or not len(listed) == len(last) == len(kept):
+            return None
+        nodes = dict(kept)
+        for i in compress(range(len(listed)), map(operator.is_not, listed, last)):
+            n = listed[i]
+            if n.name != last[i].name:
+                return None
+            nodes[n.name] = n if n.pool is not None else normalise(n)
+        return nodes
+
     def same_nodes(self, listed: object) -> bool:
         """True if ``listed`` is the node list observed last time (the same immutable tuple)."""
         return self.nodes_list is not None and listed is self.nodes_list
@@ -364,21 +380,29 @@ class Reports:
 
     def __init__(self) -> None:
         self.last: dict[str, str] = {}
+        self._pods: set[str] = set()
+        """The keys of ``last`` that are pods (``pod/...``): the only ones :meth:`prune_pods` looks at."""
 
     def changed(self, obj: str, reason: str) -> bool:
         """True (and remembered) if ``reason`` is new for ``obj``."""
         if self.last.get(obj) == reason:
             return False
         self.last[obj] = reason
+        if obj.startswith("pod/"):
+            self._pods.add(obj)
         return True
 
     def forget(self, obj: str) -> None:
         """Report ``obj``'s next reason even if it is the last one."""
         self.last.pop(obj, None)
+        self._pods.discard(obj)
 
     def prune_pods(self, pending: Iterable[str]) -> None:
         """Forget the reasons of pods no longer pending (a new blockage is reported again)."""
+        if not self._pods:
+            return  # (most rounds: no pod's reason is kept)
         keep = set(pending)
-        gone = [k for k in self.last if k.startswith("pod/") and k[len("pod/") :] not in keep]
+        gone = [k for k in self._pods if k[len("pod/") :] not in keep]
         for k in gone:
             del self.last[k]
+            self._pods.discard(k)

@@ -362,7 +362,7 @@ class ScaleUpSteps(ShellBase):
             shown_off[key] = (c, held, node)
         self._shown_off = shown_off
         skip = {p.key for p in virtual} | self.scaleup.memo.static_blocked
-        pods = [p for p in w.pods if p.key not in skip] + list(virtual)
+        pods = [p for p in w.pods if p.key not in skip] + list(virtual) if skip else [*w.pods, *virtual]
         return Snapshot(
             pods=tuple(pods),
             nodes=tuple(nodes),

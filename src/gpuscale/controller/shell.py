@@ -318,6 +318,9 @@ class ShellBase:
     def _pool_of_node(self, name: str) -> NodePool | None:
         """The pool of the claim of node ``name`` (asked for every consolidation candidate several times a round),
         kept as :meth:`_pools_kept` says."""
+        memo = self._pool_memo
+        if memo is not None and not memo[2] and memo[0] is self.claims and memo[1] is self.pools:
+            return memo[3][name]  # (most asks: no claim changed since, the same table and pools)
         return self._pools_kept()[name]
 
     def _record(self, now: float, kind: EventKind, obj: str, reason: str, message: str, **data: object) -> None:

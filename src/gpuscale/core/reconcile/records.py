@@ -304,7 +304,8 @@ def find_node(claim: NodeClaim, nodes: Mapping[str, Node]) -> Node | None:
     """The cluster's Node of ``claim``: by its node name, else the first node labelled with its request id."""
     if claim.node_name and claim.node_name in nodes:
         return nodes[claim.node_name]
+    rid, label = claim.request_id, REQUEST_ID_LABEL  # (locals: the loop runs over every Node of every sync)
     for n in nodes.values():
-        if n.labels.get(REQUEST_ID_LABEL) == claim.request_id:
+        if n.labels.get(label) == rid:
             return n
     return None
