@@ -12,6 +12,7 @@ from itertools import compress, count
 from operator import attrgetter
 from typing import cast
 
+from gpuscale.controller.claims import ClaimTable
 from gpuscale.controller.consolidation import PassInputs
 from gpuscale.controller.shell import LEAVING, DisruptionInputs, ReconcileResult, ShellBase, World
 from gpuscale.core.disruption import (
@@ -453,7 +454,8 @@ class ScaleDownSteps(ShellBase):
         claims = self.claims
         # "no orphan" holds while the node listing (an immutable tuple, recognised again by the observation) and the
         # claim table's keys are the same: the round's Nodes are that listing's, less the deleted ones, with the same
-        # labels (cordoning replaces only ``unschedulable``). A new listing or a claim added or removed invalidates it.
+        # labels (cordoning replaces only ``unschedulable``). A new listing or a claim removed invalidates it (claims
+        # only added keep every labelled Node claimed: _only_added).
         listing = self.observed.nodes_list
         known = self.__dict__.get("_orphan_free")
         if (
@@ -461,9 +463,11 @@ class ScaleDownSteps(ShellBase):
             and known is not None
             and known[0] is listing
             and known[1] is claims
-            and known[2] == claims.keys_version
+            and _only_added(claims, known[2], known[3])
         ):
             self.deletions.orphans({})
+            if known[2] != claims.keys_version:
+                self.__dict__["_orphan_free"] = (listing, claims, claims.keys_version, len(claims))
             return
         for n in w.nodes.values():
             rid = n.labels.get(REQUEST_ID_LABEL)
@@ -471,7 +475,7 @@ class ScaleDownSteps(ShellBase):
                 break
         else:  # every labelled Node has its claim: no orphan (the common case, checked without building anything)
             self.deletions.orphans({})
-            self.__dict__["_orphan_free"] = (listing, claims, claims.keys_version)
+            self.__dict__["_orphan_free"] = (listing, claims, claims.keys_version, len(claims))
             return
         scan = orphan_step(
             list(w.nodes.values()),
@@ -489,3 +493,10 @@ class ScaleDownSteps(ShellBase):
                 w.now, EventKind.ORPHAN, f"node/{r.name}", "Orphan", f"request {r.request_id} has no cloud node"
             )
         self.deletions.orphans(scan.since)
+
+
+def _only_added(claims: ClaimTable, version: int, size: int) -> bool:
+    """Whether the table's keys, ``size`` of them at keys ``version``, have only been added to since (none removed).
+    Each change of its keys adds one to the version: adding a key also adds one key, removing one takes one away and
+    clearing takes one or more; so the keys grew by as many as the version did only if every change was an addition."""
+    return claims.keys_version - version == len(claims) - size
