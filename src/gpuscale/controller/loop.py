@@ -207,7 +207,8 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
         if world is None:
             result.observe_failed = True
             return result, None
-        self.gpr.observe(world.nodes, now)
+        if self.gpr.enabled:  # (GprNodes.observe does nothing otherwise)
+            self.gpr.observe(world.nodes, now)
         self._sync_claims(world)
         return result, world
 
@@ -227,9 +228,12 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
             times = obs.wake_times = self._timer_candidates()
         elif obs.wake_next is None or obs.wake_next > now:
             return obs.wake_next
-        future = [t for t in times if now < t < _INF]
-        obs.wake_next = nxt = min(future) if future else None
-        return nxt
+        nxt = _INF  # the earliest finite candidate after now (one pass, no list of them)
+        for t in times:
+            if now < t < nxt:
+                nxt = t
+        obs.wake_next = wake = nxt if nxt < _INF else None
+        return wake
 
     def _timed_deadlines(self) -> list[float]:
         """The deadlines of the claims in a timed phase (:func:`~gpuscale.core.nodeclaim.deadline`), in table
@@ -285,7 +289,8 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
                 obs.keep_cloud(provided, [c for c in provided if c.state is not _GONE])
             cloud = obs.cloud
             events = list(self.provider.poll_errors())
-            self.gpr.provider_observed(provided, events)  # the GPR manager's view: the engine is the one reader
+            if self.gpr.enabled:  # the GPR manager's view: the engine is the one reader (kept only while enabled)
+                self.gpr.provider_observed(provided, events)
             pdbs = list(self.backend.list_pdbs())
             utilization = dict(self.backend.gpu_utilization()) if self.gate.measured else {}
         except ProviderError as exc:

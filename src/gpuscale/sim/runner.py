@@ -209,18 +209,18 @@ def _run(
     reconciles = restarts = 0
     reconcile_times: list[float] = []
     last_reconcile = -math.inf
-    seen_version = (-1, -1)
+    seen_cluster = seen_cloud = -1  # the cluster's and the cloud's versions last seen
     last_change = 0.0
     next_reconcile: float | None = 0.0
     idle_step = interval
     next_progress = 0.0
 
-    clock = engine.clock  # read once per step (Engine.now() would ask it through one more call)
+    clock = engine.clock  # its time read as clock._now, once per step (as Engine.run_until reads it)
     record_series = cfg.record_series
     wake_owner: object = None
     wake_fn: Callable[[], float | None] | None = None
     while True:
-        now = clock.now()
+        now = clock._now
         if now >= end:
             break
         if controller is not wake_owner:  # looked up once per controller (a crashed one is rebuilt)
@@ -240,11 +240,10 @@ def _run(
         if t_next is None:  # no event, no reconcile, no timer
             break
         engine.run_until(t_next if t_next < end else end)
-        now = clock.now()
-        v = (cluster.version, cloud.version)
-        if v != seen_version:
-            watched = v[0] != seen_version[0] or cloud.has_events()
-            seen_version = v
+        now = clock._now
+        if cluster.version != seen_cluster or cloud.version != seen_cloud:
+            watched = cluster.version != seen_cluster or cloud.has_events()
+            seen_cluster, seen_cloud = cluster.version, cloud.version
             last_change = now
             idle_step = interval
             if record_series:
@@ -274,9 +273,8 @@ def _run(
             reconcile_times.append(now)
             last_reconcile = now
             next_reconcile = now + interval if crashed else None
-            v = (cluster.version, cloud.version)
-            if v != seen_version:
-                seen_version = v
+            if cluster.version != seen_cluster or cloud.version != seen_cloud:
+                seen_cluster, seen_cloud = cluster.version, cloud.version
                 last_change = now
                 if record_series:
                     series.record(now, cloud, cluster)
