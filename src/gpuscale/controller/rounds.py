@@ -46,21 +46,19 @@ LivePods = tuple[list[Pod], dict[str, list[Pod]], list[Pod]]
 
 def live_pods(listed: Iterable[Pod], phases: Collection[str]) -> LivePods:
     """The pods of ``listed`` whose phase is in ``phases``, those with a node grouped by node name and those
-    without one, in the order listed: one pass (the round regroups whenever the pod list changes)."""
-    pods: list[Pod] = []
+    without one, in the order listed (the round regroups whenever the pod list changes)."""
+    pods = [p for p in listed if p.phase in phases]  # (filtered first: a comprehension is cheaper than appends)
     by_node: dict[str, list[Pod]] = {}
     unbound: list[Pod] = []
-    keep, group_of = pods.append, by_node.get
-    for p in listed:
-        if p.phase in phases:
-            keep(p)
-            name = p.node_name
-            if name is None:
-                unbound.append(p)
-            elif (group := group_of(name)) is None:
-                by_node[name] = [p]
-            else:
-                group.append(p)
+    group_of = by_node.get
+    for p in pods:
+        name = p.node_name
+        if name is None:
+            unbound.append(p)
+        elif (group := group_of(name)) is None:
+            by_node[name] = [p]
+        else:
+            group.append(p)
     return pods, by_node, unbound
 
 
