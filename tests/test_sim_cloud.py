@@ -319,6 +319,23 @@ def test_fault_rates_and_timeouts_that_took_effect_never_duplicate_nodes() -> No
     assert cloud.counters.idempotent_replays >= 1
 
 
+@pytest.mark.parametrize("rate", ["rate_limited", "server_error", "timeout"])
+def test_list_nodes_faults_with_any_one_rate_set(rate: str) -> None:
+    # list_nodes skips the fault draw only when every rate is 0: each rate alone still makes it fail
+    rates = {"rate_limited": 0.0, "server_error": 0.0, "timeout": 0.0} | {rate: 0.5}
+    faults = Faults(rates["rate_limited"], rates["server_error"], rates["timeout"], timeout_took_effect=0.0)
+    _, cloud, _ = make(CloudBehaviour(faults=faults), seed=3)
+    failed = 0
+    for _ in range(40):
+        try:
+            cloud.list_nodes()
+        except ProviderError:
+            failed += 1
+    assert 5 < failed < 35
+    _, quiet, _ = make(CloudBehaviour(faults=Faults()), seed=3)
+    assert all(quiet.list_nodes() == () for _ in range(40))
+
+
 def test_fault_sequence_is_deterministic_for_a_seed() -> None:
     def run(seed: int) -> list[str]:
         _, cloud, _ = make(CloudBehaviour(faults=Faults(rate_limited=0.3, server_error=0.3)), seed=seed)

@@ -235,14 +235,10 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
         obs.wake_next = wake = nxt if nxt < _INF else None
         return wake
 
-    def _timed_deadlines(self) -> list[float]:
-        """The deadlines of the claims in a timed phase (:func:`~gpuscale.core.nodeclaim.deadline`), in table
-        order; kept while those claims are unchanged."""
-        return self._deadlines_kept()[2]
-
     def _deadlines_kept(self) -> tuple[int, object, list[float], list[float]]:
-        """(the claim table's version, its claims in a timed phase, :meth:`_timed_deadlines`, each just after its
-        deadline: the wake-up times), made again when the table answers another tuple for those phases (a claim of
+        """(the claim table's version, its claims in a timed phase, their deadlines
+        (:func:`~gpuscale.core.nodeclaim.deadline`) in table order, each just after its deadline: the wake-up
+        times), made again when the table answers another tuple for those phases (a claim of
         theirs changed); not asked again while the table's version is the same."""
         claims = self.claims
         kept = self.observed.deadlines
@@ -265,7 +261,8 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
                 times.append(unlisted.since + self.config.lost_grace_s)
         times += self.launcher.wake_times()
         times += self.deletions.wake_times()
-        times += self.replacements.wake_times()
+        if self.replacements.uncordon_due:  # (Replacements.wake_times: its uncordon times, none most rounds)
+            times += self.replacements.wake_times()
         times += self.gate.wake_times(self._node_pools())  # (reads the claims, changes none)
         if self.gpr.enabled:  # (no GPR news otherwise)
             times += self._gpr_wake_times()
@@ -339,7 +336,7 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
 
     # ------------------------------------------------------------------------------------------- deadlines
     def _check_deadlines(self, w: World) -> None:
-        deadlines = self._timed_deadlines()
+        deadlines = self._deadlines_kept()[2]  # the timed claims' deadlines
         if deadlines and w.now > min(deadlines):  # else no claim is past its deadline: nothing expires
             self._apply(expire_deadlines(self.claims.in_phases(TIMED_PHASES), self._rules, w.now), w)
 

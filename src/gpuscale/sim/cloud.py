@@ -405,7 +405,8 @@ class SimCloud:
 
     def list_nodes(self) -> Sequence[CloudNode]:
         """Every node not yet gone, in creation order."""
-        if self._maybe_fault("list_nodes"):
+        f = self.behaviour.faults  # (asked every round: _maybe_fault is called only when some fault rate is set)
+        if (f.rate_limited or f.server_error or f.timeout) and self._maybe_fault("list_nodes"):
             raise TransientProviderError("list_nodes: request timed out", provider=self.name)
         if self._listed[0] != self.version:
             self._listed = (self.version, tuple([r.snap or r.snapshot() for r in self._alive.values()]))
