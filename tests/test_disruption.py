@@ -176,6 +176,7 @@ def test_empty_nodes_may_wait_longer_than_underutilised_ones() -> None:
     assert actions(early) == {"big": (ActionKind.DELETE, DisruptionReason.UNDERUTILIZED)}
     assert kept(early) == {"empty": KeepReason.WAITING}
     assert "consolidateEmptyAfter in 540s" in early.kept[0].message
+    assert early.kept[0].message.startswith("empty (")  # (the reason's value in lower case)
     later = decide(nodes, pods, [p], since_all=NOW - 600)
     assert actions(later)["empty"] == (ActionKind.DELETE, DisruptionReason.EMPTY)
 

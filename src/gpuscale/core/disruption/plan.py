@@ -41,6 +41,11 @@ from gpuscale.core.templates import pool_totals
 
 _NONE: frozenset[tuple[OfferingKey, float]] = frozenset()  # (the memo key of "no offering unavailable")
 _NAME = attrgetter("name")
+# Enum members read per judged candidate, as module constants (a global is cheaper than an Enum class attribute in
+# Python 3.11), and each reason's value in lower case (``reason.value`` is a Python-level descriptor call)
+_EMPTY, _DRIFTED = DisruptionReason.EMPTY, DisruptionReason.DRIFTED
+_WAITING = KeepReason.WAITING
+_LOWER = {r: r.value.lower() for r in DisruptionReason}
 
 
 class _Rows:
@@ -503,15 +508,15 @@ def plan_disruption(
             if memo_key:
                 fresh.append((c, len(kept)))
         d = pool.disruption
-        after = d.wait_s(reason is DisruptionReason.EMPTY)
-        if reason is not DisruptionReason.DRIFTED and now - new_since[n.name] < after:
+        after = d.wait_s(reason is _EMPTY)
+        if reason is not _DRIFTED and now - new_since[n.name] < after:
             wait = after - (now - new_since[n.name])
             setting = (
                 "consolidateEmptyAfter"
-                if reason is DisruptionReason.EMPTY and d.consolidate_empty_after_s is not None
+                if reason is _EMPTY and d.consolidate_empty_after_s is not None
                 else "consolidateAfter"
             )
-            keep(n, pool, KeepReason.WAITING, f"{reason.value.lower()} ({msg}); {setting} in {wait:.0f}s", reason)
+            keep(n, pool, _WAITING, f"{_LOWER[reason]} ({msg}); {setting} in {wait:.0f}s", reason)
             continue
         if n.name in protected:
             keep(n, pool, KeepReason.PODS_DO_NOT_FIT, "pending pods were just planned onto this node", reason)
@@ -651,7 +656,7 @@ def plan_disruption(
     if memo is not None:
         for c, i in fresh:  # kept (not waiting) before any action: judged against the starting rows
             name = c.node.name
-            if i < len(kept) and kept[i].node == name and kept[i].reason is not KeepReason.WAITING:
+            if i < len(kept) and kept[i].node == name and kept[i].reason is not _WAITING:
                 judged[name] = Judged(
                     c, new_since[name], name in protected, kept[i], fits.get(name), verdicts.get(name)
                 )
