@@ -174,13 +174,16 @@ class Controller(ScaleUpSteps, ScaleDownSteps, GprSteps):
         result, world = self._begin_round()
         if world is None:
             return result
-        self._handle_provider_events(world)
+        if world.events:  # (each step below that is guarded does nothing without what its guard asks for)
+            self._handle_provider_events(world)
         self._check_deadlines(world)
-        self._progress_replacements(world)
+        if self.replacements.uncordon_due or self.replacements.by_old:
+            self._progress_replacements(world)
         self._retry_requested(world, result)
         self._scale_up(world, result)
         self._ensure_min_nodes(world, result)
-        self._release_gpr_nodes(world)
+        if self.gpr.released:
+            self._release_gpr_nodes(world)
         self._consolidate(world, result)
         self._drain_and_delete(world, result)
         self._collect_orphans(world)
