@@ -18,7 +18,7 @@ import json
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -54,8 +54,44 @@ class Split:
                 self.usd["allFree"] += price * (1 - binding) * dt / 3600
         self.t = now
 
+    def add_node(self, sn: Any, itype: Any, hourly_price: float) -> None:
+        a = sn.allocatable
+        self.nodes[sn.name] = [hourly_price, itype.gpu_count * 1000, a.cpu_milli, a.memory_mib, 0, 0, 0, 0, itype]
 
-def _watch(split: Split) -> None:
+    def change(self, sn: Any, sp: Any, sign: int) -> None:
+        n, req = self.nodes[sn.name], sp.pod.request
+        n[4] += sign * req.gpu_demand_milli
+        n[5] += sign * req.cpu_milli
+        n[6] += sign * req.memory_mib
+        n[7] += sign
+
+    def evicted(self, now: float, sp: Any) -> None:
+        age = now - sp.bound_at
+        gpus = sp.pod.request.gpu_demand_milli / 1000
+        usd = age / 3600 * gpus * sp.node.price / max(1, sp.node.gpu_count)
+        self.lost["usd"] += usd
+        self.lost["oldUsd"] += usd if age >= 6 * 3600 else 0.0
+        self.ages.append(age)
+
+
+class Tally(Protocol):
+    """What :func:`watch` feeds: a running integral advanced to each change, and the tally's own bookkeeping."""
+
+    nodes: dict[str, Any]
+
+    def advance(self, now: float) -> None: ...
+
+    def add_node(self, sn: Any, itype: Any, hourly_price: float) -> None: ...
+
+    def change(self, sn: Any, sp: Any, sign: int) -> None: ...
+
+    def evicted(self, now: float, sp: Any) -> None: ...
+
+
+def watch(tally: Tally) -> None:
+    """Wrap the simulated cluster's registration, bind, unbind, removal and eviction so that ``tally`` is advanced to
+    each change and told of it (a node registered, a pod bound (+1) or unbound (-1), a node gone, a bound pod evicted
+    by the controller)."""
     c = sim_cluster.SimCluster
     reg, bind, unbind, remove, repend = c.node_registered, c._bind, c._unbind, c._remove_node, c._repend
 
@@ -63,50 +99,27 @@ def _watch(split: Split) -> None:
         new = node.node_name not in self._nodes
         reg(self, node, itype, taints, hourly_price, gpu_delay)
         if new:
-            split.advance(self.engine.now())
-            a = self._nodes[node.node_name].allocatable
-            split.nodes[node.node_name] = [
-                hourly_price,
-                itype.gpu_count * 1000,
-                a.cpu_milli,
-                a.memory_mib,
-                0,
-                0,
-                0,
-                0,
-                itype,
-            ]
-
-    def change(sn: Any, req: Any, sign: int) -> None:
-        n = split.nodes[sn.name]
-        n[4] += sign * req.gpu_demand_milli
-        n[5] += sign * req.cpu_milli
-        n[6] += sign * req.memory_mib
-        n[7] += sign
+            tally.advance(self.engine.now())
+            tally.add_node(self._nodes[node.node_name], itype, hourly_price)
 
     def _bind(self: Any, sp: Any, slot: int, placement: Any = None) -> None:
-        split.advance(self.engine.now())
-        change(self._slots[slot], sp.pod.request, 1)
+        tally.advance(self.engine.now())
+        tally.change(self._slots[slot], sp, 1)
         bind(self, sp, slot, placement)
 
     def _unbind(self: Any, sp: Any) -> Any:
-        split.advance(self.engine.now())
-        change(sp.node, sp.pod.request, -1)
+        tally.advance(self.engine.now())
+        tally.change(sp.node, sp, -1)
         return unbind(self, sp)
 
     def _remove_node(self: Any, sn: Any, reason: str, *, by_controller: bool) -> None:
         remove(self, sn, reason, by_controller=by_controller)
-        split.advance(self.engine.now())
-        split.nodes.pop(sn.name, None)
+        tally.advance(self.engine.now())
+        tally.nodes.pop(sn.name, None)
 
     def _repend(self: Any, sp: Any, reason: str, *, by_controller: bool) -> None:
         if by_controller and sp.bound_at is not None:
-            age = self.engine.now() - sp.bound_at
-            gpus = sp.pod.request.gpu_demand_milli / 1000
-            usd = age / 3600 * gpus * sp.node.price / max(1, sp.node.gpu_count)
-            split.lost["usd"] += usd
-            split.lost["oldUsd"] += usd if age >= 6 * 3600 else 0.0
-            split.ages.append(age)
+            tally.evicted(self.engine.now(), sp)
         repend(self, sp, reason, by_controller=by_controller)
 
     c.node_registered, c._bind, c._unbind = node_registered, _bind, _unbind  # type: ignore[method-assign]
@@ -123,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     options = {k: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.set)}
     waits = {k: parse_duration(v) for k, _, v in (s.partition("=") for s in args.pool_wait)}
     split = Split()
-    _watch(split)
+    watch(split)
     scenario, work = bench_sim._openb_workload()
     scenario = bench_sim._with_options(dataclasses.replace(scenario, seed=args.seed), args.policy, options, waits)
     res = simulate_policy(scenario, args.policy, work)

@@ -26,9 +26,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_sim
+from cost_split import watch
 from gpuscale.core.model import CapacityType, Catalog
 from gpuscale.core.resources import Request
-from gpuscale.sim import cluster as sim_cluster
 from gpuscale.sim.commands import simulate_policy
 
 SAMPLE_S = 60.0
@@ -46,7 +46,7 @@ class Fine:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.bound_at: dict[str, float] = {}
         self.lost: defaultdict[str, float] = defaultdict(float)
-        self.evicted: list[tuple[float, str, str, float, bool]] = []  # (time, pod, node, age, CPU-only)
+        self.evictions: list[tuple[float, str, str, float, bool]] = []  # (time, pod, node, age, CPU-only)
         self.last_sample = -1e18
         self.reach_cpu: set[str] = set()
         self.reach_merge: dict[str, str] = {}
@@ -130,6 +130,52 @@ class Fine:
                 u[f"reachMerge.{kind}"] += price * h
         self.t = now
 
+    def add_node(self, sn: Any, itype: Any, hourly_price: float) -> None:
+        a = sn.allocatable
+        self.nodes[sn.name] = {
+            "price": hourly_price,
+            "gpu": itype.gpu_count * 1000,
+            "cpu": a.cpu_milli,
+            "mem": a.memory_mib,
+            "ug": 0,
+            "uc": 0,
+            "um": 0,
+            "cpuPods": 0,
+            "pods": {},
+            "type": itype.name,
+            "capacityType": sn.labels.get("karpenter.sh/capacity-type", ""),
+            "sn": sn,
+        }
+
+    def change(self, sn: Any, sp: Any, sign: int) -> None:
+        n = self.nodes[sn.name]
+        r = sp.pod.request
+        n["ug"] += sign * r.gpu_demand_milli
+        n["uc"] += sign * r.cpu_milli
+        n["um"] += sign * r.memory_mib
+        n["cpuPods"] += 0 if r.gpu_demand_milli else sign
+        if sign > 0:
+            n["pods"][sp.pod.key] = r
+            self.bound_at[sp.pod.key] = self.t
+        else:
+            n["pods"].pop(sp.pod.key, None)
+
+    def evicted(self, now: float, sp: Any) -> None:
+        age = now - sp.bound_at
+        r = sp.pod.request
+        n = self.nodes.get(sp.node.name)
+        if r.gpu_demand_milli:
+            usd = age / 3600 * r.gpu_demand_milli / 1000 * sp.node.price / max(1, sp.node.gpu_count)
+            self.lost["gpuPodsUsd"] += usd
+            self.lost["gpuPodsOver6hUsd"] += usd if age >= OLD_S else 0.0
+            self.lost["gpuPodsOver6hEvictions"] += 1 if age >= OLD_S else 0
+            self.lost["gpuPodsOver6hGpuHours"] += age / 3600 * r.gpu_demand_milli / 1000 if age >= OLD_S else 0.0
+            self.lost["gpuPodsGpuHours"] += age / 3600 * r.gpu_demand_milli / 1000
+        elif n is not None:
+            share = max(r.cpu_milli / n["cpu"], r.memory_mib / n["mem"])
+            self.lost["cpuOnlyPodsUsd"] += age / 3600 * share * sp.node.price
+        self.evictions.append((now, sp.pod.key, sp.node.name, age, not r.gpu_demand_milli))
+
 
 def _place(reqs: list[Request], rows: list[list[int]], *, gpu: bool) -> bool:
     """Place ``reqs`` (largest first) on the first row with room (CPU, memory and, if ``gpu``, milli-GPU in all);
@@ -147,83 +193,6 @@ def _place(reqs: list[Request], rows: list[list[int]], *, gpu: bool) -> bool:
         else:
             return False
     return True
-
-
-def _watch(f: Fine) -> None:
-    c = sim_cluster.SimCluster
-    reg, bind, unbind, remove, repend = c.node_registered, c._bind, c._unbind, c._remove_node, c._repend
-
-    def node_registered(self: Any, node: Any, itype: Any, taints: Any, hourly_price: float, gpu_delay: Any) -> None:
-        new = node.node_name not in self._nodes
-        reg(self, node, itype, taints, hourly_price, gpu_delay)
-        if new:
-            f.advance(self.engine.now())
-            sn = self._nodes[node.node_name]
-            a = sn.allocatable
-            f.nodes[node.node_name] = {
-                "price": hourly_price,
-                "gpu": itype.gpu_count * 1000,
-                "cpu": a.cpu_milli,
-                "mem": a.memory_mib,
-                "ug": 0,
-                "uc": 0,
-                "um": 0,
-                "cpuPods": 0,
-                "pods": {},
-                "type": itype.name,
-                "capacityType": sn.labels.get("karpenter.sh/capacity-type", ""),
-                "sn": sn,
-            }
-
-    def change(sn: Any, sp: Any, sign: int) -> None:
-        n = f.nodes[sn.name]
-        r = sp.pod.request
-        n["ug"] += sign * r.gpu_demand_milli
-        n["uc"] += sign * r.cpu_milli
-        n["um"] += sign * r.memory_mib
-        n["cpuPods"] += 0 if r.gpu_demand_milli else sign
-        if sign > 0:
-            n["pods"][sp.pod.key] = r
-            f.bound_at[sp.pod.key] = f.t
-        else:
-            n["pods"].pop(sp.pod.key, None)
-
-    def _bind(self: Any, sp: Any, slot: int, placement: Any = None) -> None:
-        f.advance(self.engine.now())
-        change(self._slots[slot], sp, 1)
-        bind(self, sp, slot, placement)
-
-    def _unbind(self: Any, sp: Any) -> Any:
-        f.advance(self.engine.now())
-        change(sp.node, sp, -1)
-        return unbind(self, sp)
-
-    def _remove_node(self: Any, sn: Any, reason: str, *, by_controller: bool) -> None:
-        remove(self, sn, reason, by_controller=by_controller)
-        f.advance(self.engine.now())
-        f.nodes.pop(sn.name, None)
-
-    def _repend(self: Any, sp: Any, reason: str, *, by_controller: bool) -> None:
-        if by_controller and sp.bound_at is not None:
-            now = self.engine.now()
-            age = now - sp.bound_at
-            r = sp.pod.request
-            n = f.nodes.get(sp.node.name)
-            if r.gpu_demand_milli:
-                usd = age / 3600 * r.gpu_demand_milli / 1000 * sp.node.price / max(1, sp.node.gpu_count)
-                f.lost["gpuPodsUsd"] += usd
-                f.lost["gpuPodsOver6hUsd"] += usd if age >= OLD_S else 0.0
-                f.lost["gpuPodsOver6hEvictions"] += 1 if age >= OLD_S else 0
-                f.lost["gpuPodsOver6hGpuHours"] += age / 3600 * r.gpu_demand_milli / 1000 if age >= OLD_S else 0.0
-                f.lost["gpuPodsGpuHours"] += age / 3600 * r.gpu_demand_milli / 1000
-            elif n is not None:
-                share = max(r.cpu_milli / n["cpu"], r.memory_mib / n["mem"])
-                f.lost["cpuOnlyPodsUsd"] += age / 3600 * share * sp.node.price
-            f.evicted.append((now, sp.pod.key, sp.node.name, age, not r.gpu_demand_milli))
-        repend(self, sp, reason, by_controller=by_controller)
-
-    c.node_registered, c._bind, c._unbind = node_registered, _bind, _unbind  # type: ignore[method-assign]
-    c._remove_node, c._repend = _remove_node, _repend  # type: ignore[method-assign]
 
 
 def _cause(message: str) -> str:
@@ -244,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     options, waits = bench_sim.parse_option_args(ap, args)
     scenario, work = bench_sim._openb_workload()
     fine = Fine(scenario.catalog)
-    _watch(fine)
+    watch(fine)
     scenario = bench_sim._with_options(dataclasses.replace(scenario, seed=args.seed), args.policy, options, waits)
     res = simulate_policy(scenario, args.policy, work)
     fine.advance(res.engine.now())
@@ -258,11 +227,11 @@ def main(argv: list[str] | None = None) -> int:
             by_node[e.object.removeprefix("node/")].append(e)
     causes: defaultdict[str, int] = defaultdict(int)
     per_pod: defaultdict[str, int] = defaultdict(int)
-    for t, key, node, _, cpu_only in fine.evicted:
+    for t, key, node, _, cpu_only in fine.evictions:
         before = [e for e in by_node.get(node, ()) if e.at <= t + 1]
         causes[f"{before[-1].reason}/{_cause(before[-1].message)}" if before else "other"] += 1
         per_pod[key] += 1 if cpu_only else 0
-    gpu_ages = [e[3] for e in fine.evicted if not e[4]]
+    gpu_ages = [e[3] for e in fine.evictions if not e[4]]
     out = {
         "policy": args.policy,
         "seed": args.seed,
@@ -271,10 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         "bootUsd": round(boot, 1),
         **{f"{k}Usd" if not k.endswith("Hours") else k: round(v, 1) for k, v in sorted(split.items())},
         "lostWork": {k: round(v, 1) for k, v in sorted(fine.lost.items())},
-        "evictions": len(fine.evicted),
+        "evictions": len(fine.evictions),
         "evictionsByCause": dict(sorted(causes.items(), key=lambda kv: -kv[1])),
         "gpuPodEvictionAgeMinutesP50": round(sorted(gpu_ages)[len(gpu_ages) // 2] / 60, 1) if gpu_ages else None,
-        "cpuOnlyPodEvictions": sum(1 for e in fine.evicted if e[4]),
+        "cpuOnlyPodEvictions": sum(1 for e in fine.evictions if e[4]),
         "cpuOnlyPodsEvicted": sum(1 for v in per_pod.values() if v),
         "mostEvictionsOfOneCpuOnlyPod": max(per_pod.values(), default=0),
     }
